@@ -1,0 +1,140 @@
+"""``python -m fxcodegen cache ls|show|verify|clear [DIR]``: inspect the artifact cache.
+
+Nothing here unpickles or unmarshals: listing, showing and verifying read only the
+checksummed JSON metadata, so they are safe on a cache of unknown origin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from fxcodegen.cache import Cache, CacheError, resolve_cache_dir
+
+_FACTORS_SHOWN = ("compiler", "compile_ranges", "compile_sizes", "splitting_ops", "torch", "graph")
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _factor_text(name: str, value: object) -> str:
+    if name == "graph" and isinstance(value, str):
+        return value[: len("sha256:") + 12]
+    if isinstance(value, list):
+        if value and all(isinstance(v, list) and len(v) == 2 for v in value):
+            return ",".join(f"({a}, {b})" for a, b in value)
+        return ",".join(map(str, value)) or "-"
+    return str(value)
+
+
+def _cache(args: argparse.Namespace) -> Cache:
+    root = resolve_cache_dir(args.dir)
+    assert root is not None
+    return Cache(root)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    if not cache.root.is_dir():
+        print(f"{cache.root}: no cache directory")
+        return 0
+    keys = cache.keys()
+    print(f"{cache.root}: {len(keys)} artifact(s)")
+    total = 0
+    for key in keys:
+        info = cache.info(key)
+        total += info.size
+        if info.error:
+            print(f"{key[:16]}  {_human(info.size):>10}  DAMAGED: {info.error}")
+            continue
+        factors = "  ".join(
+            f"{name}={_factor_text(name, info.factors[name])}"
+            for name in _FACTORS_SHOWN
+            if name in info.factors
+        )
+        print(
+            f"{key[:16]}  {_human(info.size):>10}  pieces={info.pieces} "
+            f"entries={info.entries}  {factors}"
+        )
+    if keys:
+        print(f"total {_human(total)} (shared blobs counted once per artifact)")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    try:
+        key = cache.find(args.key)
+    except KeyError as e:
+        print(f"{cache.root}: {e.args[0]}", file=sys.stderr)
+        return 1
+    try:
+        meta = cache.read_meta(key)
+    except CacheError as e:
+        print(f"{e.path}: {e.reason}", file=sys.stderr)
+        return 1
+    if args.factors:
+        print(json.dumps(meta.get("factors"), indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(meta["code"])
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    if not cache.root.is_dir():
+        print(f"{cache.root}: no cache directory")
+        return 0
+    problems = cache.verify()
+    keys = cache.keys()
+    for path, reason in problems:
+        print(f"{path}: {reason}")
+    bad = len({p for p, _ in problems})
+    print(f"{cache.root}: {len(keys)} artifact(s), {bad} file(s) with problems")
+    return 1 if problems else 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    if not cache.root.is_dir():
+        print(f"{cache.root}: no cache directory")
+        return 0
+    removed = cache.clear()
+    print(f"{cache.root}: removed {removed} file(s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fxcodegen cache",
+        description="Inspect, verify or clear the artifact cache. DIR defaults to "
+        "$FXCODEGEN_CACHE_DIR, else ~/.cache/fxcodegen.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("ls", help="list artifacts with key factors, sizes, entries and pieces")
+    p.add_argument("dir", nargs="?", metavar="DIR")
+    p.set_defaults(fn=cmd_ls)
+    p = sub.add_parser("show", help="print one artifact's stitching code")
+    p.add_argument("key", metavar="KEY", help="the key or a unique prefix of it")
+    p.add_argument("dir", nargs="?", metavar="DIR")
+    p.add_argument("--factors", action="store_true", help="print the key's factors instead")
+    p.set_defaults(fn=cmd_show)
+    p = sub.add_parser("verify", help="check checksums and permissions; exit 1 on any problem")
+    p.add_argument("dir", nargs="?", metavar="DIR")
+    p.set_defaults(fn=cmd_verify)
+    p = sub.add_parser("clear", help="remove all artifacts, blobs and locks")
+    p.add_argument("dir", nargs="?", metavar="DIR")
+    p.set_defaults(fn=cmd_clear)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
