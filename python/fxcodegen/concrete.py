@@ -1,0 +1,134 @@
+"""Example arguments for a piece: its placeholders' example values, symbolic or concrete.
+
+:func:`fake_args` returns the placeholders' example values as traced (FakeTensors and
+SymInts). :func:`concrete_args` returns the same values with every symbol replaced by one
+size: the inputs a piece sees at that size, used to compile it for a single size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import sympy
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+__all__ = ["concrete_args", "concrete_value", "fake_args"]
+
+_MISSING = object()
+
+
+def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise TypeError(f"expected a torch.fx.GraphModule, got {type(gm).__name__}")
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def fake_args(gm: torch.fx.GraphModule) -> list[Any]:
+    """The example values of ``gm``'s placeholders, in order.
+
+    Reads ``meta["example_value"]`` (Dynamo), falling back to ``meta["val"]`` (make_fx /
+    AOTAutograd). A placeholder with neither raises ``ValueError`` naming it.
+    """
+    out = []
+    for node in _placeholders(gm):
+        value = node.meta.get("example_value", _MISSING)
+        if value is _MISSING:
+            value = node.meta.get("val", _MISSING)
+        if value is _MISSING:
+            raise ValueError(
+                f"placeholder {node.name!r} (target {node.target!r}) has no example value: "
+                "neither meta['example_value'] nor meta['val'] is set; trace the graph with "
+                "Dynamo or make_fx first"
+            )
+        out.append(value)
+    return out
+
+
+def _concrete_expr(expr: sympy.Expr, size: int, what: str) -> sympy.Expr:
+    symbols = expr.free_symbols
+    if symbols:
+        expr = expr.xreplace({s: sympy.Integer(size) for s in symbols})
+    if expr.free_symbols:  # pragma: no cover - xreplace removes every free symbol
+        raise ValueError(f"{what} {expr} stays symbolic after substituting {size}")
+    return expr
+
+
+def _concrete_int(value: Any, size: int, what: str) -> int:
+    if isinstance(value, torch.SymInt):
+        expr = _concrete_expr(value.node.expr, size, what)
+        if not expr.is_integer:
+            raise ValueError(f"{what} {value.node.expr} is not an integer at size {size}: {expr}")
+        return int(expr)
+    return int(value)
+
+
+def concrete_value(value: Any, size: int, *, fake_mode: FakeTensorMode | None = None) -> Any:
+    """One example value with every symbol replaced by ``size`` (see :func:`concrete_args`).
+
+    Tensors are created under ``fake_mode`` when given (FakeTensors), else as real tensors.
+    """
+    if isinstance(value, torch.SymInt):
+        return _concrete_int(value, size, "SymInt")
+    if isinstance(value, torch.SymFloat):
+        return float(_concrete_expr(value.node.expr, size, "SymFloat"))
+    if isinstance(value, torch.SymBool):
+        return bool(_concrete_expr(value.node.expr, size, "SymBool"))
+    if isinstance(value, torch.Tensor):
+        return _concrete_tensor(value, size, fake_mode)
+    return value
+
+
+def _concrete_tensor(t: torch.Tensor, size: int, fake_mode: FakeTensorMode | None) -> torch.Tensor:
+    if t.layout != torch.strided:
+        raise ValueError(f"concrete_args supports strided tensors only, got layout {t.layout}")
+    shape = [_concrete_int(d, size, "size") for d in t.shape]
+    stride = [_concrete_int(d, size, "stride") for d in t.stride()]
+    offset = _concrete_int(t.storage_offset(), size, "storage offset")
+    if any(d < 0 for d in shape) or any(s < 0 for s in stride) or offset < 0:
+        raise ValueError(
+            f"tensor at size {size} has a negative size, stride or offset: "
+            f"shape={shape} stride={stride} storage_offset={offset}"
+        )
+    # Elements the view reaches: offset + the furthest element + 1 (nothing when empty).
+    if all(d > 0 for d in shape):
+        needed = offset + 1 + sum((d - 1) * s for d, s in zip(shape, stride, strict=True))
+    else:
+        needed = offset
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        base = torch.empty_strided((needed,), (1,), dtype=t.dtype, device=t.device)
+        out = base.as_strided(shape, stride, offset)
+    if t.requires_grad:
+        out = out.detach().requires_grad_(True)
+    return out
+
+
+def concrete_args(
+    gm: torch.fx.GraphModule,
+    size: int,
+    *,
+    fake: bool = True,
+    fake_mode: FakeTensorMode | None = None,
+) -> list[Any]:
+    """``gm``'s example arguments with every symbol replaced by ``size``.
+
+    Every symbol in every SymInt (sizes, strides, storage offsets, scalar SymInt inputs;
+    expressions such as ``2*s0 + 1`` included) becomes ``size``. Tensors are made with
+    ``torch.empty_strided`` on the original dtype and device, allocating what the view
+    needs and viewing it at the original (concretised) storage offset. ``fake=True`` gives
+    FakeTensors (no memory), created in ``fake_mode`` or a fresh mode with a ShapeEnv;
+    ``fake=False`` gives real, uninitialised tensors. Non-tensor, non-symbolic values pass
+    through unchanged.
+    """
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise TypeError(f"size must be an int, got {type(size).__name__} {size!r}")
+    if size < 0:
+        raise ValueError(f"size must be >= 0, got {size}")
+    if fake_mode is not None and not fake:
+        raise ValueError("fake_mode is only meaningful with fake=True")
+    mode = None
+    if fake:
+        mode = fake_mode if fake_mode is not None else FakeTensorMode(shape_env=ShapeEnv())
+    return [concrete_value(v, size, fake_mode=mode) for v in fake_args(gm)]

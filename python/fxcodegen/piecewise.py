@@ -1,0 +1,664 @@
+"""Compile one piece of a split graph for every shape entry up front, and dispatch at run time.
+
+A piece with symbolic inputs gets one *entry* per compile range (compiled with dynamic
+shapes) and one per single compile size (compiled with static shapes from
+:func:`fxcodegen.concrete_args`). A piece without symbolic inputs has a single entry. All
+entries are compiled in the constructor; a call picks the entry by the runtime value of the
+dynamic size (exact size first, then the range holding it, by bisection).
+
+Identical pieces compile once: every entry has a content key (:func:`entry_key`, built on
+:func:`structural_key`), and a :class:`CompiledPool` shared between pieces maps keys to
+compiled results.
+
+Artifact cache seam (used by ``fxcodegen.cache``):
+
+- :attr:`PiecewiseBackend.entry_keys` gives each entry's content key;
+  :meth:`PiecewiseBackend.export_artifacts` returns ``{key: bytes}`` for its compiled entries
+  (Inductor only; :func:`inductor_artifact_bytes` does one).
+- ``PiecewiseBackend(..., artifacts={key: bytes})`` loads those entries with
+  :func:`load_inductor_artifact` instead of compiling them (``counters["artifact_loaded"]``);
+  ``compile_missing=False`` makes a missing entry an error, so nothing is ever compiled.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import enum
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+
+from fxcodegen.concrete import concrete_args, fake_args
+from fxcodegen.ranges import Range
+
+__all__ = [
+    "COMPILERS",
+    "CompiledPool",
+    "Entry",
+    "OutOfRangeError",
+    "PiecewiseBackend",
+    "inductor_artifact_bytes",
+    "counters",
+    "entry_key",
+    "load_inductor_artifact",
+    "structural_key",
+]
+
+log = logging.getLogger("fxcodegen")
+
+counters: collections.Counter[str] = collections.Counter()
+"""Process-wide counts: ``compile`` (calls into a compiler, one per distinct piece per
+entry), ``compile_reused`` (piece-entries served by an identical piece's result),
+``codegen`` (stitching functions generated), ``artifact_loaded`` (entries loaded from
+artifact bytes). Reset with ``counters.clear()``."""
+
+COMPILERS = ("inductor", "eager")
+
+ALL_SIZES = Range(0, 2**63 - 1)
+"""The default compile range: every size."""
+
+KEY_VERSION = 1
+"""Bumped whenever the key layout changes, so old cache entries are never matched."""
+
+
+class OutOfRangeError(ValueError):
+    """A runtime size falls in no compiled range and is no compiled size."""
+
+
+# --------------------------------------------------------------------------------------
+# Structural keys
+
+
+class _Keyer:
+    """Builds a canonical, JSON-able description of a GraphModule.
+
+    Node names and placeholder targets are dropped (nodes are referred to by position);
+    parameter *inputs* are described by metadata only, so layers differing only in their
+    weights get equal keys. Everything that changes compiled code is kept: ops and call
+    targets, literal arguments, placeholder shapes/strides/offsets/dtypes/devices, and the
+    values of tensors the graph holds itself (``get_attr``), hashed by content.
+    """
+
+    def __init__(self) -> None:
+        self.symbols: dict[sympy.Symbol, str] = {}
+
+    # symbolic values ------------------------------------------------------------------
+    def expr(self, e: sympy.Basic, shape_env: Any = None) -> str:
+        for s in sorted(e.free_symbols, key=str):
+            if s not in self.symbols:
+                rng = None
+                if shape_env is not None:
+                    rng = shape_env.var_to_range.get(s)
+                self.symbols[s] = f"s{len(self.symbols)}" + (f"[{rng}]" if rng is not None else "")
+        return str(e.xreplace({s: sympy.Symbol(n) for s, n in self.symbols.items()}))
+
+    def sym(self, v: Any) -> Any:
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return [type(v).__name__, self.expr(v.node.expr, getattr(v.node, "shape_env", None))]
+        return v
+
+    # tensors -----------------------------------------------------------------------
+    def tensor_meta(self, t: torch.Tensor) -> list[Any]:
+        return [
+            "tensor",
+            type(t).__name__ if not isinstance(t, torch._subclasses.FakeTensor) else "Tensor",
+            str(t.dtype),
+            str(t.device),
+            str(t.layout),
+            [self.sym(d) for d in t.shape],
+            [self.sym(d) for d in t.stride()] if t.layout == torch.strided else None,
+            self.sym(t.storage_offset()) if t.layout == torch.strided else None,
+            bool(t.requires_grad),
+        ]
+
+    def tensor_value(self, t: torch.Tensor) -> list[Any]:
+        meta = self.tensor_meta(t)
+        if isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta":
+            return [*meta, "no-data", id(t)]  # cannot hash data: never merge
+        data = t.detach().cpu().contiguous()
+        digest = hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        return [*meta, digest]
+
+    # call targets ------------------------------------------------------------------
+    def target(self, t: Any) -> Any:
+        if isinstance(t, str):
+            return t
+        if isinstance(t, torch._ops.OpOverload):
+            return ["op", str(t.namespace), t._opname, t._overloadname]
+        if isinstance(t, torch._ops.OpOverloadPacket):
+            return ["packet", t._qualified_op_name]
+        if isinstance(t, torch._ops.HigherOrderOperator):
+            return ["hop", t.name()]
+        module = getattr(t, "__module__", None)
+        qual = getattr(t, "__qualname__", None) or getattr(t, "__name__", None)
+        if isinstance(t, types.FunctionType) and (
+            t.__closure__ or "<lambda>" in (qual or "") or "<locals>" in (qual or "")
+        ):
+            # Closures and local functions may differ under one name: key by identity.
+            return ["fn-id", module, qual, id(t)]
+        if module is not None and qual is not None:
+            return ["fn", module, qual]
+        return ["obj", type(t).__module__, type(t).__qualname__, id(t)]
+
+    # arguments ---------------------------------------------------------------------
+    def arg(self, a: Any, index: dict[torch.fx.Node, int]) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return ["node", index[a]]
+        if a is None or isinstance(a, (bool, str)):
+            return a
+        if isinstance(a, (int, float)):
+            return [type(a).__name__, repr(a)]
+        if isinstance(a, (tuple, list)):
+            return [type(a).__name__, [self.arg(x, index) for x in a]]
+        if isinstance(a, dict):
+            return ["dict", [[self.arg(k, index), self.arg(v, index)] for k, v in a.items()]]
+        if isinstance(a, slice):
+            return ["slice", [self.arg(x, index) for x in (a.start, a.stop, a.step)]]
+        if a is Ellipsis:
+            return ["..."]
+        if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.sym(a)
+        if isinstance(a, torch.Tensor):
+            return self.tensor_value(a)
+        if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return [type(a).__name__, str(a)]
+        if isinstance(a, enum.Enum):
+            return ["enum", type(a).__module__, type(a).__qualname__, a.name]
+        if isinstance(a, (bytes, complex)):
+            return [type(a).__name__, repr(a)]
+        if callable(a):
+            return self.target(a)
+        return ["obj", type(a).__module__, type(a).__qualname__, repr(a)]
+
+    def example(self, v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return self.tensor_meta(v)
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.sym(v)
+        return self.arg(v, {})
+
+    # modules -----------------------------------------------------------------------
+    def module(self, m: Any) -> Any:
+        if isinstance(m, torch.fx.GraphModule):
+            return ["graph", self.graph(m)]
+        if isinstance(m, torch.nn.Module):
+            state = [[k, self.tensor_value(v)] for k, v in m.state_dict(keep_vars=True).items()]
+            return ["module", type(m).__module__, type(m).__qualname__, repr(m), state]
+        if isinstance(m, torch.Tensor):
+            return self.tensor_value(m)
+        return self.arg(m, {})
+
+    def graph(self, gm: torch.fx.GraphModule) -> list[Any]:
+        index: dict[torch.fx.Node, int] = {}
+        out: list[Any] = []
+        for i, node in enumerate(gm.graph.nodes):
+            index[node] = i
+            if node.op == "placeholder":
+                value = node.meta.get("example_value", node.meta.get("val"))
+                out.append(["placeholder", self.example(value), self.arg(node.args, index)])
+            elif node.op == "get_attr":
+                out.append(["get_attr", self.module(_fetch_attr(gm, str(node.target)))])
+            elif node.op == "call_module":
+                child = gm.get_submodule(str(node.target))
+                out.append(
+                    [
+                        "call_module",
+                        self.module(child),
+                        self.arg(node.args, index),
+                        self.arg(node.kwargs, index),
+                    ]
+                )
+            else:
+                out.append(
+                    [
+                        node.op,
+                        self.target(node.target),
+                        self.arg(node.args, index),
+                        self.arg(node.kwargs, index),
+                    ]
+                )
+        return out
+
+
+def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def structural_key(gm: torch.fx.GraphModule) -> str:
+    """A hex SHA-256 of ``gm``'s structure: equal for pieces that compile identically.
+
+    Ignores node names and the identity of parameter inputs; includes ops and targets,
+    literal arguments (constants), placeholder shapes, strides, storage offsets, dtypes,
+    devices and requires_grad, symbolic expressions (symbols renamed canonically, value
+    ranges kept), and the content of tensors held by the graph (``get_attr``). Stable across
+    processes for graphs that hold no closures or local functions.
+    """
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise TypeError(f"structural_key expects a torch.fx.GraphModule, got {type(gm).__name__}")
+    desc = _Keyer().graph(gm)
+    text = json.dumps([KEY_VERSION, desc], separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------
+# Entries
+
+
+@dataclass(frozen=True, order=True)
+class Entry:
+    """One compiled variant of a piece: a range (dynamic shapes) or a single size (static),
+    or ``kind="static"`` for a piece without symbolic inputs."""
+
+    kind: str
+    """``"range"``, ``"size"`` or ``"static"``."""
+    start: int = 0
+    end: int = 0
+
+    @property
+    def range(self) -> Range:
+        return Range(self.start, self.end)
+
+    @property
+    def label(self) -> str:
+        """A short stable text: ``"range:1-8"``, ``"size:16"`` or ``"static"``."""
+        if self.kind == "static":
+            return "static"
+        if self.kind == "size":
+            return f"size:{self.start}"
+        return f"range:{self.start}-{self.end}"
+
+    @classmethod
+    def from_label(cls, label: str) -> Entry:
+        """The entry a :attr:`label` names."""
+        kind, _, rest = label.partition(":")
+        try:
+            if kind == "static" and not rest:
+                return cls("static")
+            if kind == "size":
+                return cls("size", int(rest), int(rest))
+            if kind == "range":
+                start, _, end = rest.partition("-")
+                Range(int(start), int(end))  # validates
+                return cls("range", int(start), int(end))
+        except ValueError:
+            pass
+        raise ValueError(f"not an entry label: {label!r}")
+
+    def __str__(self) -> str:
+        if self.kind == "range":
+            return f"range {Range(self.start, self.end)}"
+        if self.kind == "size":
+            return f"size {self.start}"
+        return "static"
+
+
+def entry_key(
+    struct_key: str,
+    entry: Entry,
+    compiler: str,
+    inductor_config: Mapping[str, Any] | None = None,
+) -> str:
+    """The content key of one compiled entry: piece structure, entry, compiler, its config
+    and the torch version (artifacts only load into the same torch build)."""
+    payload = json.dumps(
+        [
+            KEY_VERSION,
+            struct_key,
+            [entry.kind, entry.start, entry.end],
+            compiler,
+            sorted((str(k), repr(v)) for k, v in (inductor_config or {}).items()),
+            torch.__version__,
+        ],
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------
+# Artifacts
+
+
+def inductor_artifact_bytes(artifact: Any) -> bytes:
+    """The bytes of an Inductor ``CompiledArtifact`` (what ``save(format="binary")`` writes)."""
+    to_bytes = getattr(artifact, "_to_binary_bytes", None)
+    if callable(to_bytes):
+        return to_bytes()
+    save = getattr(artifact, "save", None)
+    if not callable(save):
+        raise TypeError(f"{type(artifact).__name__} is not an Inductor CompiledArtifact")
+    with tempfile.TemporaryDirectory(prefix="fxcodegen-art-") as tmp:
+        path = os.path.join(tmp, "artifact.bin")
+        save(path=path, format="binary")
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def load_inductor_artifact(data: bytes) -> Any:
+    """Load artifact bytes from :func:`inductor_artifact_bytes` into a callable (no compiling).
+
+    The bytes must come from the same torch build; anything else raises.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"artifact data must be bytes, got {type(data).__name__}")
+    from torch._inductor import CompiledArtifact
+
+    with tempfile.TemporaryDirectory(prefix="fxcodegen-art-") as tmp:
+        path = os.path.join(tmp, "artifact.bin")
+        with open(path, "wb") as f:
+            f.write(bytes(data))
+        return CompiledArtifact.load(path=path, format="binary")
+
+
+@dataclass
+class Compiled:
+    """A compiled entry: the callable and, for Inductor, the artifact it came from."""
+
+    fn: Callable[..., Any]
+    artifact: Any = None
+    data: bytes | None = None
+    """The artifact's bytes when it was loaded from them (kept for re-export)."""
+
+    def to_bytes(self) -> bytes:
+        if self.data is None:
+            if self.artifact is None:
+                raise ValueError("this entry has no artifact (compiled with 'eager')")
+            self.data = inductor_artifact_bytes(self.artifact)
+        return self.data
+
+
+class CompiledPool:
+    """Compiled entries by :func:`entry_key`, shared by the pieces of one model so that
+    identical pieces compile once."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, Compiled] = {}
+
+    def get(self, key: str) -> Compiled | None:
+        return self._by_key.get(key)
+
+    def put(self, key: str, compiled: Compiled) -> None:
+        self._by_key[key] = compiled
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._by_key
+
+
+def _returns_sequence(gm: torch.fx.GraphModule) -> bool:
+    for node in reversed(gm.graph.nodes):
+        if node.op == "output":
+            return isinstance(node.args[0], (tuple, list))
+    return False
+
+
+def _wrap_inductor(fn: Callable[..., Any], returns_sequence: bool) -> Callable[..., Any]:
+    # Inductor artifacts return a list; a piece that returns one value gets it unwrapped.
+    if returns_sequence:
+        return fn
+
+    def single(*args: Any) -> Any:
+        return fn(*args)[0]
+
+    return single
+
+
+# --------------------------------------------------------------------------------------
+# The backend for one piece
+
+
+def _normalize_ranges(compile_ranges: Iterable[Any]) -> list[Range]:
+    out = []
+    for r in compile_ranges:
+        if isinstance(r, Range):
+            out.append(r)
+        elif isinstance(r, (tuple, list)) and len(r) == 2:
+            out.append(Range(*r))
+        else:
+            raise TypeError(f"compile range must be a Range or a (start, end) pair, got {r!r}")
+    out.sort()
+    for a, b in zip(out, out[1:], strict=False):
+        if b.start <= a.end:
+            raise ValueError(f"compile ranges overlap: {a} and {b}")
+    return out
+
+
+def _normalize_sizes(compile_sizes: Iterable[Any]) -> list[int]:
+    sizes = set()
+    for s in compile_sizes:
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise TypeError(f"compile size must be an int, got {type(s).__name__} {s!r}")
+        if s < 0:
+            raise ValueError(f"compile size must be >= 0, got {s}")
+        sizes.add(s)
+    return sorted(sizes)
+
+
+class PiecewiseBackend(torch.nn.Module):
+    """One piece, compiled for all its entries at construction; calling it dispatches.
+
+    Args:
+        graph: the piece (a GraphModule whose placeholders carry example values).
+        compile_ranges: ranges compiled with dynamic shapes (``Range`` or ``(start, end)``;
+            must not overlap). ``None`` means one range covering every size.
+        compile_sizes: single sizes compiled with static shapes; checked before ranges.
+        sym_shape_indices: argument positions holding the dynamic size (SymInt inputs);
+            ``None`` finds them from the placeholders. Dispatch reads the first one. With
+            none, the piece has a single (static) entry and ranges/sizes are ignored.
+        compiler: ``"inductor"`` (``torch._inductor.standalone_compile``) or ``"eager"``
+            (runs the graph as is).
+        name: used in logs and errors.
+        pool: a :class:`CompiledPool` shared with identical pieces (default: a private one).
+        artifacts: ``{entry key: bytes}`` from an earlier :meth:`export_artifacts`; entries
+            found there are loaded instead of compiled.
+        compile_missing: with ``False``, an entry neither pooled nor in ``artifacts``
+            raises ``KeyError`` instead of compiling.
+        inductor_config: Inductor config patches (``options={"config_patches": ...}``).
+        on_entry: called as ``on_entry(entry, how)`` after each entry, ``how`` one of
+            ``"compiled"``, ``"reused"``, ``"loaded"`` (progress reporting).
+    """
+
+    def __init__(
+        self,
+        graph: torch.fx.GraphModule,
+        *,
+        compile_ranges: Iterable[Any] | None = None,
+        compile_sizes: Iterable[int] = (),
+        sym_shape_indices: Sequence[int] | None = None,
+        compiler: str = "inductor",
+        name: str | None = None,
+        pool: CompiledPool | None = None,
+        artifacts: Mapping[str, bytes] | None = None,
+        compile_missing: bool = True,
+        inductor_config: Mapping[str, Any] | None = None,
+        on_entry: Callable[[Entry, str], None] | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(graph, torch.fx.GraphModule):
+            raise TypeError(f"PiecewiseBackend expects a GraphModule, got {type(graph).__name__}")
+        if compiler not in COMPILERS:
+            raise ValueError(f"unknown compiler {compiler!r}; choose one of {COMPILERS}")
+        self.graph = graph
+        self.piece_name = name or "piece"
+        self.compiler = compiler
+        self.inductor_config = dict(inductor_config or {})
+
+        examples = fake_args(graph)
+        if sym_shape_indices is None:
+            sym_shape_indices = [i for i, v in enumerate(examples) if isinstance(v, torch.SymInt)]
+        for i in sym_shape_indices:
+            if not 0 <= i < len(examples):
+                raise ValueError(
+                    f"sym_shape_indices entry {i} is out of range for {len(examples)} inputs"
+                )
+        self.sym_shape_indices = list(sym_shape_indices)
+
+        if self.sym_shape_indices:
+            ranges = _normalize_ranges([ALL_SIZES] if compile_ranges is None else compile_ranges)
+            sizes = _normalize_sizes(compile_sizes)
+            if not ranges and not sizes:
+                raise ValueError("a symbolic piece needs at least one compile range or size")
+            entries = [Entry("range", r.start, r.end) for r in ranges]
+            entries += [Entry("size", s, s) for s in sizes]
+        else:
+            entries = [Entry("static")]
+        self.entries: list[Entry] = entries
+
+        self.struct_key = structural_key(graph)
+        self.entry_keys: dict[Entry, str] = {
+            e: entry_key(self.struct_key, e, compiler, self.inductor_config) for e in entries
+        }
+
+        pool = pool if pool is not None else CompiledPool()
+        self._compiled: dict[Entry, Compiled] = {}
+        returns_sequence = _returns_sequence(graph)
+        self.returns_tuple = returns_sequence
+        for entry in entries:
+            key = self.entry_keys[entry]
+            compiled = pool.get(key)
+            if compiled is not None:
+                counters["compile_reused"] += 1
+                how = "reused"
+            elif artifacts is not None and key in artifacts:
+                data = bytes(artifacts[key])
+                t0 = time.perf_counter()
+                art = load_inductor_artifact(data)
+                compiled = Compiled(_wrap_inductor(art, returns_sequence), art, data)
+                counters["artifact_loaded"] += 1
+                log.debug(
+                    "loaded %s [%s] in %.3fs", self.piece_name, entry, time.perf_counter() - t0
+                )
+                pool.put(key, compiled)
+                how = "loaded"
+            elif not compile_missing:
+                raise KeyError(
+                    f"no artifact for {self.piece_name} [{entry}] (key {key}) and "
+                    "compile_missing=False"
+                )
+            else:
+                t0 = time.perf_counter()
+                compiled = self._compile(entry, returns_sequence)
+                counters["compile"] += 1
+                log.debug(
+                    "compiled %s [%s] with %s in %.3fs",
+                    self.piece_name,
+                    entry,
+                    compiler,
+                    time.perf_counter() - t0,
+                )
+                pool.put(key, compiled)
+                how = "compiled"
+            self._compiled[entry] = compiled
+            if on_entry is not None:
+                on_entry(entry, how)
+
+        # Dispatch tables.
+        self._single: Callable[..., Any] | None = None
+        self._dispatch_index = self.sym_shape_indices[0] if self.sym_shape_indices else -1
+        self._exact: dict[int, Callable[..., Any]] = {}
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._range_fns: list[Callable[..., Any]] = []
+        for entry in entries:
+            fn = self._compiled[entry].fn
+            if entry.kind == "static":
+                self._single = fn
+            elif entry.kind == "size":
+                self._exact[entry.start] = fn
+            else:
+                self._starts.append(entry.start)
+                self._ends.append(entry.end)
+                self._range_fns.append(fn)
+
+    # compiling -------------------------------------------------------------------------
+    def _compile(self, entry: Entry, returns_sequence: bool) -> Compiled:
+        if self.compiler == "eager":
+            return Compiled(self.graph)
+        from torch._inductor import standalone_compile
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        options = {"config_patches": dict(self.inductor_config)}
+        if entry.kind == "size":
+            mode = FakeTensorMode(shape_env=ShapeEnv())
+            args = concrete_args(self.graph, entry.start, fake=True, fake_mode=mode)
+            art = standalone_compile(
+                self.graph,
+                args,
+                dynamic_shapes="from_example_inputs",
+                options=options,
+                fake_mode=mode,
+            )
+        else:
+            art = standalone_compile(
+                self.graph, fake_args(self.graph), dynamic_shapes="from_graph", options=options
+            )
+        return Compiled(_wrap_inductor(art, returns_sequence), art)
+
+    # calling ---------------------------------------------------------------------------
+    def entry_for(self, size: int | None) -> Entry:
+        """The entry a call with dynamic size ``size`` runs (``None`` for a static piece)."""
+        if self._single is not None:
+            return self.entries[0]
+        if size in self._exact:
+            return Entry("size", size, size)  # type: ignore[arg-type]
+        i = bisect.bisect_right(self._starts, size) - 1  # type: ignore[arg-type]
+        if i >= 0 and size <= self._ends[i]:  # type: ignore[operator]
+            return Entry("range", self._starts[i], self._ends[i])
+        raise self._out_of_range(size)
+
+    def _out_of_range(self, size: Any) -> OutOfRangeError:
+        ranges = ", ".join(str(Range(s, e)) for s, e in zip(self._starts, self._ends, strict=True))
+        sizes = ", ".join(map(str, sorted(self._exact))) or "none"
+        return OutOfRangeError(
+            f"{self.piece_name}: size {size!r} (argument {self._dispatch_index}) is in no "
+            f"compiled range and is no compiled size; ranges: {ranges or 'none'}; sizes: {sizes}"
+        )
+
+    def forward(self, *args: Any) -> Any:
+        single = self._single
+        if single is not None:
+            return single(*args)
+        size = args[self._dispatch_index]
+        fn = self._exact.get(size)
+        if fn is None:
+            i = bisect.bisect_right(self._starts, size) - 1
+            if i < 0 or size > self._ends[i]:
+                raise self._out_of_range(size)
+            fn = self._range_fns[i]
+        return fn(*args)
+
+    # cache seam ------------------------------------------------------------------------
+    @property
+    def exportable(self) -> bool:
+        """Whether :meth:`export_artifacts` can give bytes (Inductor entries only)."""
+        return self.compiler == "inductor"
+
+    def export_artifacts(self) -> dict[str, bytes]:
+        """``{entry key: artifact bytes}`` for every entry (Inductor only).
+
+        Feed the result back as ``PiecewiseBackend(..., artifacts=...)`` in a later process
+        (same torch build) to skip compiling. Raises ``ValueError`` for ``"eager"`` and
+        ``RuntimeError`` when Inductor produced no saveable artifact (caches disabled).
+        """
+        if not self.exportable:
+            raise ValueError(f"compiler {self.compiler!r} produces no artifacts to export")
+        return {self.entry_keys[e]: self._compiled[e].to_bytes() for e in self.entries}
+
+    def extra_repr(self) -> str:
+        return f"{self.piece_name}, compiler={self.compiler}, entries=[{', '.join(map(str, self.entries))}]"

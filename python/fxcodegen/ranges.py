@@ -1,0 +1,81 @@
+"""Shape ranges: the entries a piece is compiled for.
+
+A :class:`Range` is an inclusive interval of values of the dynamic size (e.g. the number of
+tokens). :func:`ranges_from_endpoints` turns sorted endpoints into consecutive ranges.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+__all__ = ["Range", "ranges_from_endpoints"]
+
+
+def _as_int(value: object, what: str) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, got bool {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+@dataclass(frozen=True, order=True)
+class Range:
+    """An inclusive range ``start <= size <= end`` of the dynamic size.
+
+    Hashable and ordered (by ``start``, then ``end``); ``size in r`` tests membership;
+    ``str(r)`` is ``"(start, end)"``; ``start, end = r`` unpacks it.
+    """
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        s = _as_int(self.start, "Range start")
+        e = _as_int(self.end, "Range end")
+        if s < 0:
+            raise ValueError(f"Range start must be >= 0, got {s}")
+        if s > e:
+            raise ValueError(f"Range start must be <= end, got ({s}, {e})")
+        object.__setattr__(self, "start", s)
+        object.__setattr__(self, "end", e)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter((self.start, self.end))
+
+    def __contains__(self, size: object) -> bool:
+        if isinstance(size, bool) or not isinstance(size, int):
+            return False
+        return self.start <= size <= self.end
+
+    def is_single_size(self) -> bool:
+        """True when the range holds exactly one size."""
+        return self.start == self.end
+
+    def __str__(self) -> str:
+        return f"({self.start}, {self.end})"
+
+    def __repr__(self) -> str:
+        return f"Range({self.start}, {self.end})"
+
+
+def ranges_from_endpoints(endpoints: Iterable[int]) -> list[Range]:
+    """Consecutive ranges ending at each endpoint.
+
+    Endpoints are sorted and de-duplicated, so ``[8, 2, 8]`` and ``[2, 8]`` both give
+    ``[Range(1, 2), Range(3, 8)]``. Endpoints must be ints >= 1.
+    """
+    values = sorted({_as_int(e, "endpoint") for e in endpoints})
+    if not values:
+        raise ValueError("ranges_from_endpoints needs at least one endpoint")
+    if values[0] < 1:
+        raise ValueError(f"endpoints must be >= 1, got {values[0]}")
+    out: list[Range] = []
+    start = 1
+    for end in values:
+        out.append(Range(start, end))
+        start = end + 1
+    return out
