@@ -1,0 +1,5 @@
+import sys
+
+from fxcodegen.cli import main
+
+sys.exit(main())

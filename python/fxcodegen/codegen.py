@@ -1,0 +1,194 @@
+"""Generate, compile and build the execution function of a torch.fx split graph.
+
+The node walk and the source emission happen in the Rust core (``fxcodegen._core``); this
+module owns what is Python by nature: naming call targets, binding the generated code to
+its submodules and constant pool, and registering the source with ``linecache``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import itertools
+import linecache
+import operator
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from fxcodegen import _core
+from fxcodegen._core import CodegenError
+
+__all__ = [
+    "CodegenError",
+    "Generated",
+    "build",
+    "compile_execution_fn",
+    "emit",
+    "generate",
+    "serialize",
+]
+
+# Layout of the native surface's generated code (the vLLM surface uses its own names).
+FN_NAME = "execution_fn"
+SUBMOD_PREFIX = "__fx_s"
+CONST_PREFIX = "__fx_c"
+
+
+class Generated(NamedTuple):
+    """What :func:`generate` returns."""
+
+    code: str
+    """Python source defining ``execution_fn``."""
+    submod_names: list[str]
+    """``submod_names[i]`` is the child called as submodule ``i``."""
+    consts: list[Any]
+    """``consts[i]`` is constant-pool slot ``i``."""
+
+
+def _qualified_candidates(obj: Any) -> list[str]:
+    name = getattr(obj, "__name__", None)
+    module = getattr(obj, "__module__", None)
+    out: list[str] = []
+    if isinstance(obj, torch._ops.OpOverload):
+        out.append(f"torch.ops.{obj.namespace}.{obj._opname}.{obj._overloadname}")
+    elif isinstance(obj, torch._ops.OpOverloadPacket):
+        out.append(f"torch.ops.{obj._qualified_op_name.replace('::', '.')}")
+    if isinstance(name, str):
+        if module in ("_operator", "operator"):
+            out.append(f"operator.{name}")
+        elif module == "builtins":
+            out.append(name)
+        elif isinstance(module, str) and module.split(".", 1)[0] == "torch":
+            qual = getattr(obj, "__qualname__", name)
+            out.append(f"{module}.{qual}")
+            out.append(f"torch.{name}")
+            out.append(f"torch.Tensor.{name}")
+    return out
+
+
+_ROOTS = {"torch": torch, "operator": operator}
+
+
+def _lookup(text: str) -> Any:
+    head, *rest = text.split(".")
+    if head in _ROOTS:
+        obj = _ROOTS[head]
+    elif hasattr(builtins, head) and not rest:
+        obj = getattr(builtins, head)
+    else:
+        raise LookupError(text)
+    for part in rest:
+        obj = getattr(obj, part)
+    return obj
+
+
+def _resolve_target(obj: Any) -> str | None:
+    """The text naming ``obj`` in the generated namespace, or None to pool it.
+
+    A name is used only when it resolves to the very same object where the generated code
+    runs (``torch``, ``operator`` and builtins are bound there); everything else goes to the
+    constant pool. Called by the Rust core once per distinct call target.
+    """
+    for text in _qualified_candidates(obj):
+        try:
+            if _lookup(text) is obj:
+                return text
+        except (LookupError, AttributeError, RuntimeError):
+            continue
+    return None
+
+
+def generate(split_gm: torch.fx.GraphModule) -> Generated:
+    """Generate the execution source of ``split_gm`` (never mutates it)."""
+    code, names, consts = _core.generate(split_gm, _resolve_target, "native", FN_NAME, True)
+    return Generated(code, names, consts)
+
+
+def serialize(split_gm: torch.fx.GraphModule) -> bytes:
+    """The versioned serialized node list of ``split_gm`` (see ``docs/serial-format.md``)."""
+    return _core.serialize(split_gm, _resolve_target)
+
+
+def emit(data: bytes) -> tuple[str, list[str]]:
+    """Emit source from a serialized node list. ``data`` is untrusted: bad input raises
+    :class:`CodegenError`, never anything else."""
+    return _core.emit(data, "native", FN_NAME)
+
+
+_counter = itertools.count()
+
+
+def exec_source(code: str, namespace: dict[str, Any], tag: str = "fxcodegen") -> None:
+    """Compile and exec ``code`` under a synthetic file name registered in ``linecache``."""
+    filename = f"<{tag}-{next(_counter)}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+    exec(compile(code, filename, "exec"), namespace)  # noqa: S102
+
+
+def _unwrap(fn: Any) -> Any:
+    # Calling .forward skips nn.Module.__call__ (hooks are not used on pieces).
+    if isinstance(fn, torch.nn.Module) and not (fn._forward_hooks or fn._forward_pre_hooks):
+        return fn.forward
+    return fn
+
+
+def bind_namespace(
+    submod_callables: dict[str, Callable[..., Any]] | None,
+    submod_names: list[str],
+    consts: list[Any] | None,
+) -> dict[str, Any]:
+    ns: dict[str, Any] = {"torch": torch, "operator": operator}
+    if consts is not None:
+        for i, c in enumerate(consts):
+            ns[f"{CONST_PREFIX}{i}"] = c
+    callables = submod_callables or {}
+    for i, name in enumerate(submod_names):
+        if name in callables:
+            ns[f"{SUBMOD_PREFIX}{i}"] = _unwrap(callables[name])
+    return ns
+
+
+def _referenced_globals(code_obj: Any) -> set[str]:
+    names = set(code_obj.co_names)
+    for c in code_obj.co_consts:
+        if hasattr(c, "co_names"):
+            names |= _referenced_globals(c)
+    return names
+
+
+def check_bindings(fn: Any, submod_names: list[str], ns: dict[str, Any]) -> None:
+    needed = _referenced_globals(fn.__code__)
+    for i, name in enumerate(submod_names):
+        g = f"{SUBMOD_PREFIX}{i}"
+        if g in needed and g not in ns:
+            raise CodegenError(f"no callable bound for submodule {i} ({name!r})")
+
+
+def compile_execution_fn(
+    code: str,
+    submod_callables: dict[str, Callable[..., Any]] | None,
+    submod_names: list[str],
+    consts: list[Any] | None = None,
+) -> Callable[..., Any]:
+    """Bind generated ``code`` to its opaque submodules and constant pool.
+
+    ``submod_callables`` maps child names to callables; only non-inlined children need one.
+    ``consts=None`` loads code generated without a pool.
+    """
+    ns = bind_namespace(submod_callables, submod_names, consts)
+    exec_source(code, ns)
+    fn = ns[FN_NAME]
+    check_bindings(fn, submod_names, ns)
+    return fn
+
+
+def build(split_gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """Generate and compile the execution function, bound to ``split_gm``'s own children."""
+    gen = generate(split_gm)
+    callables = {}
+    for name in gen.submod_names:
+        child = split_gm.get_submodule(name)
+        if not isinstance(child, torch.fx.GraphModule):
+            callables[name] = child
+    return compile_execution_fn(gen.code, callables, gen.submod_names, gen.consts)

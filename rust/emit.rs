@@ -1,0 +1,464 @@
+//! The emitter: a validated [`Program`] in, Python source out. It cannot fail; everything it
+//! relies on was checked by [`Program::validate`] and [`check_layout`].
+
+use crate::error::{Error, Result};
+use crate::ir::{Arg, Graph, Node, Op, Program, Span, SubmodKind, Target};
+use crate::liveness::{self, Liveness};
+use crate::literal;
+use crate::names::{self, Names, Reserved};
+
+/// The naming scheme of the generated module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Style {
+    /// fxcodegen's own: submodules, constants and inlined children are module globals
+    /// (`__fx_s{i}`, `__fx_c{k}`, `__fx_f{i}`), the fastest lookups CPython has.
+    Native,
+    /// vLLM's: `execution_fn(..., *, __vllm_submods__)`, `__vllm_submods__[i]`,
+    /// `__vllm_consts__[k]`, `__vllm_inlined_submods__{i}`.
+    Vllm,
+}
+
+impl Style {
+    /// Every generated global starts with this; node names that do are renamed.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Style::Native => "__fx_",
+            Style::Vllm => "__vllm_",
+        }
+    }
+}
+
+/// What to emit around the graphs.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout<'a> {
+    pub style: Style,
+    /// The entry function's name.
+    pub fn_name: &'a str,
+    /// Whether the root may call submodules (vLLM's `with_submod`).
+    pub with_submod: bool,
+    /// Whether to start with `import torch` / `import operator`.
+    pub header: bool,
+}
+
+impl<'a> Layout<'a> {
+    pub fn native() -> Layout<'static> {
+        Layout {
+            style: Style::Native,
+            fn_name: "execution_fn",
+            with_submod: true,
+            header: true,
+        }
+    }
+
+    fn reserved(&self) -> Reserved<'a> {
+        Reserved {
+            prefix: self.style.prefix(),
+            fn_name: self.fn_name,
+        }
+    }
+}
+
+/// The layout rules a valid program can still break.
+pub fn check_layout(p: &Program, layout: &Layout) -> Result<()> {
+    let f = layout.fn_name;
+    if !names::is_identifier(f.as_bytes())
+        || names::is_keyword(f)
+        || names::is_builtin(f)
+        || f == "torch"
+        || f == "operator"
+    {
+        return Err(Error::Invalid(format!(
+            "function name {f:?} is not a usable identifier"
+        )));
+    }
+    for (gi, g) in p.graphs.iter().enumerate() {
+        for node in &g.nodes {
+            if let (Op::CallModule, Target::Submod(i)) = (node.op, node.target) {
+                let opaque = p.submods[i as usize].kind == SubmodKind::Opaque;
+                if gi == 0 && !layout.with_submod {
+                    return Err(p.node_error(
+                        node,
+                        format!(
+                            "call_module is not allowed for codegen target {}",
+                            p.submod_name(i)
+                        ),
+                    ));
+                }
+                if gi > 0 && opaque && layout.style == Style::Vllm {
+                    return Err(p.node_error(
+                        node,
+                        format!(
+                            "call_module is not allowed for codegen target {} inside an inlined \
+                             child (vLLM layout passes submodules to the entry function only)",
+                            p.submod_name(i)
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Emits the module source for a program that passed [`Program::validate`] and [`check_layout`].
+pub fn emit(p: &Program, layout: &Layout) -> String {
+    let nodes: usize = p.graphs.iter().map(|g| g.nodes.len()).sum();
+    let mut e = Emitter {
+        p,
+        layout,
+        out: String::with_capacity(64 + nodes * 48),
+    };
+    if layout.header {
+        e.out.push_str("import torch\nimport operator\n");
+    }
+    let reserved = layout.reserved();
+    for (i, sm) in p.submods.iter().enumerate() {
+        if let SubmodKind::Inline(g) = sm.kind {
+            e.out.push('\n');
+            e.function(&p.graphs[g as usize], Head::Inline(i as u32), &reserved);
+        }
+    }
+    e.out.push('\n');
+    e.function(&p.graphs[0], Head::Root, &reserved);
+    e.out
+}
+
+/// Writes one argument as it would appear inside the given function's names (used for
+/// vLLM's `_node_ref`).
+pub fn format_arg(p: &Program, arg: &Arg, names: &Names, style: Style) -> String {
+    let layout = Layout {
+        style,
+        fn_name: "execution_fn",
+        with_submod: true,
+        header: false,
+    };
+    let mut e = Emitter {
+        p,
+        layout: &layout,
+        out: String::new(),
+    };
+    e.arg(arg, names);
+    e.out
+}
+
+#[derive(Clone, Copy)]
+enum Head {
+    Root,
+    Inline(u32),
+}
+
+struct Emitter<'a> {
+    p: &'a Program,
+    layout: &'a Layout<'a>,
+    out: String,
+}
+
+impl Emitter<'_> {
+    fn num(&mut self, v: u32) {
+        self.out.push_str(itoa::Buffer::new().format(v));
+    }
+
+    fn inline_name(&mut self, i: u32) {
+        self.out.push_str(match self.layout.style {
+            Style::Native => "__fx_f",
+            Style::Vllm => "__vllm_inlined_submods__",
+        });
+        self.num(i);
+    }
+
+    fn submod_ref(&mut self, i: u32) {
+        match self.layout.style {
+            Style::Native => {
+                self.out.push_str("__fx_s");
+                self.num(i);
+            }
+            Style::Vllm => {
+                self.out.push_str("__vllm_submods__[");
+                self.num(i);
+                self.out.push(']');
+            }
+        }
+    }
+
+    fn const_ref(&mut self, k: u32) {
+        match self.layout.style {
+            Style::Native => {
+                self.out.push_str("__fx_c");
+                self.num(k);
+            }
+            Style::Vllm => {
+                self.out.push_str("__vllm_consts__[");
+                self.num(k);
+                self.out.push(']');
+            }
+        }
+    }
+
+    fn function(&mut self, g: &Graph, head: Head, reserved: &Reserved) {
+        let p = self.p;
+        let names = names::assign(p, g, reserved);
+        let live = liveness::compute(p, g);
+        self.out.push_str("def ");
+        match head {
+            Head::Root => self.out.push_str(self.layout.fn_name),
+            Head::Inline(i) => self.inline_name(i),
+        }
+        self.out.push('(');
+        let mut first = true;
+        for (j, node) in g.nodes.iter().enumerate() {
+            if node.op != Op::Placeholder {
+                continue;
+            }
+            if !first {
+                self.out.push_str(", ");
+            }
+            first = false;
+            self.out.push_str(names.get(j as u32));
+            if node.args.len == 1 {
+                self.out.push('=');
+                self.arg(&p.args[node.args.start as usize], &names);
+            }
+        }
+        if matches!(head, Head::Root) && self.layout.style == Style::Vllm && self.layout.with_submod
+        {
+            if !first {
+                self.out.push_str(", ");
+            }
+            self.out.push_str("*, __vllm_submods__");
+        }
+        self.out.push_str("):\n");
+        let mut returned = false;
+        for (j, node) in g.nodes.iter().enumerate() {
+            self.statement(node, j as u32, &names);
+            returned |= node.op == Op::Output;
+            self.dels(&live, j, &names);
+        }
+        if !returned {
+            self.out.push_str("    return None\n");
+        }
+    }
+
+    fn dels(&mut self, live: &Liveness, j: usize, names: &Names) {
+        let d = live.after(j);
+        if d.is_empty() {
+            return;
+        }
+        self.out.push_str("    del ");
+        for (k, &i) in d.iter().enumerate() {
+            if k > 0 {
+                self.out.push_str(", ");
+            }
+            self.out.push_str(names.get(i));
+        }
+        self.out.push('\n');
+    }
+
+    fn lhs(&mut self, j: u32, names: &Names) {
+        self.out.push_str("    ");
+        self.out.push_str(names.get(j));
+        self.out.push_str(" = ");
+    }
+
+    fn statement(&mut self, node: &Node, j: u32, names: &Names) {
+        let p = self.p;
+        match (node.op, node.target) {
+            (Op::Placeholder, _) => {}
+            (Op::Output, _) => {
+                self.out.push_str("    return ");
+                match node.args.len {
+                    0 => self.out.push_str("None"),
+                    _ => self.arg(&p.args[node.args.start as usize], names),
+                }
+                self.out.push('\n');
+            }
+            (Op::GetAttr, Target::Const(k)) => {
+                self.lhs(j, names);
+                self.const_ref(k);
+                self.out.push('\n');
+            }
+            (Op::CallModule, Target::Submod(i)) => {
+                self.lhs(j, names);
+                let callee = match p.submods[i as usize].kind {
+                    SubmodKind::Opaque => {
+                        self.submod_ref(i);
+                        None
+                    }
+                    SubmodKind::Inline(g) => {
+                        self.inline_name(i);
+                        Some(&p.graphs[g as usize])
+                    }
+                };
+                self.call_args(node.args, node.kwargs, callee, names);
+                self.out.push('\n');
+            }
+            (Op::CallFunction, Target::Getitem)
+                if node.args.len == 2 && node.kwargs.len == 0 =>
+            {
+                self.lhs(j, names);
+                let a = &p.args[node.args.start as usize..][..2];
+                self.receiver(&a[0], names);
+                self.out.push('[');
+                self.arg(&a[1], names);
+                self.out.push_str("]\n");
+            }
+            (Op::CallFunction, t) => {
+                self.lhs(j, names);
+                match t {
+                    Target::Name(s) => self.out.push_str(p.str(s)),
+                    Target::Const(k) => self.const_ref(k),
+                    _ => self.out.push_str("operator.getitem"),
+                }
+                self.call_args(node.args, node.kwargs, None, names);
+                self.out.push('\n');
+            }
+            (Op::CallMethod, Target::Method(m)) => {
+                self.lhs(j, names);
+                self.receiver(&p.args[node.args.start as usize], names);
+                self.out.push('.');
+                self.out.push_str(p.str(m));
+                let rest = Span {
+                    start: node.args.start + 1,
+                    len: node.args.len - 1,
+                };
+                self.call_args(rest, node.kwargs, None, names);
+                self.out.push('\n');
+            }
+            // Unreachable for validated programs; keep the output well-formed regardless.
+            _ => {
+                self.lhs(j, names);
+                self.out.push_str("None\n");
+            }
+        }
+    }
+
+    /// An object in receiver position (`x.m()`, `x[i]`): numbers get parentheses (`(1).m()`,
+    /// `(-1)[0]`).
+    fn receiver(&mut self, a: &Arg, names: &Names) {
+        if !matches!(a, Arg::Int(_) | Arg::BigInt(_) | Arg::Float(_)) {
+            self.arg(a, names);
+        } else {
+            self.out.push('(');
+            self.arg(a, names);
+            self.out.push(')');
+        }
+    }
+
+    /// `(a, b, k=v, **{'not ident': w})`. Keywords to an inlined child are renamed the way its
+    /// parameters were; keys that are not identifiers (or name no parameter) go through `**`.
+    fn call_args(&mut self, args: Span, kwargs: Span, callee: Option<&Graph>, names: &Names) {
+        let p = self.p;
+        self.out.push('(');
+        let mut first = true;
+        for a in &p.args[args.range()] {
+            if !first {
+                self.out.push_str(", ");
+            }
+            first = false;
+            self.arg(a, names);
+        }
+        if kwargs.len == 0 {
+            self.out.push(')');
+            return;
+        }
+        let callee_names = callee.map(|g| (g, names::assign(p, g, &self.layout.reserved())));
+        let kw_ident = |key: &str| -> Option<String> {
+            match &callee_names {
+                Some((g, cn)) => g
+                    .nodes
+                    .iter()
+                    .position(|c| matches!(c.target, Target::Param(ps) if p.str(ps) == key))
+                    .map(|ci| cn.get(ci as u32).to_string()),
+                None => (names::is_identifier(key.as_bytes()) && !names::is_keyword(key))
+                    .then(|| key.to_string()),
+            }
+        };
+        let kw = &p.args[kwargs.range()];
+        let mut odd = 0;
+        for pair in kw.chunks_exact(2) {
+            let Arg::Str(key) = pair[0] else { continue };
+            match kw_ident(p.str(key)) {
+                Some(id) => {
+                    if !first {
+                        self.out.push_str(", ");
+                    }
+                    first = false;
+                    self.out.push_str(&id);
+                    self.out.push('=');
+                    self.arg(&pair[1], names);
+                }
+                None => odd += 1,
+            }
+        }
+        if odd > 0 {
+            if !first {
+                self.out.push_str(", ");
+            }
+            self.out.push_str("**{");
+            let mut k = 0;
+            for pair in kw.chunks_exact(2) {
+                let Arg::Str(key) = pair[0] else { continue };
+                if kw_ident(p.str(key)).is_some() {
+                    continue;
+                }
+                if k > 0 {
+                    self.out.push_str(", ");
+                }
+                k += 1;
+                literal::str_repr(&mut self.out, p.str(key));
+                self.out.push_str(": ");
+                self.arg(&pair[1], names);
+            }
+            self.out.push('}');
+        }
+        self.out.push(')');
+    }
+
+    fn items(&mut self, s: Span, names: &Names) {
+        for (k, a) in self.p.args[s.range()].iter().enumerate() {
+            if k > 0 {
+                self.out.push_str(", ");
+            }
+            self.arg(a, names);
+        }
+    }
+
+    fn arg(&mut self, a: &Arg, names: &Names) {
+        let p = self.p;
+        match *a {
+            Arg::Node(i) => self.out.push_str(names.get(i)),
+            Arg::None => self.out.push_str("None"),
+            Arg::Bool(b) => self.out.push_str(if b { "True" } else { "False" }),
+            Arg::Int(v) => literal::int(&mut self.out, v),
+            Arg::BigInt(s) => self.out.push_str(p.str(s)),
+            Arg::Float(v) => literal::float(&mut self.out, v),
+            Arg::Str(s) => literal::str_repr(&mut self.out, p.str(s)),
+            Arg::Bytes(s) => literal::bytes_repr(&mut self.out, p.raw(s)),
+            Arg::Const(k) => self.const_ref(k),
+            Arg::Tuple(s) => {
+                self.out.push('(');
+                self.items(s, names);
+                if s.len == 1 {
+                    self.out.push(',');
+                }
+                self.out.push(')');
+            }
+            Arg::List(s) => {
+                self.out.push('[');
+                self.items(s, names);
+                self.out.push(']');
+            }
+            Arg::Dict(s) => {
+                self.out.push('{');
+                for (k, pair) in p.args[s.range()].chunks_exact(2).enumerate() {
+                    if k > 0 {
+                        self.out.push_str(", ");
+                    }
+                    self.arg(&pair[0], names);
+                    self.out.push_str(": ");
+                    self.arg(&pair[1], names);
+                }
+                self.out.push('}');
+            }
+        }
+    }
+}

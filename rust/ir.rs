@@ -1,0 +1,387 @@
+//! The node list: a program of graphs (the root plus inlined children) in flat arenas.
+//!
+//! Strings live in one byte arena and container arguments in one argument arena, so reading a
+//! graph allocates per arena growth, not per node. A `Program` that passed [`Program::validate`]
+//! can always be emitted.
+
+use crate::error::{Error, Result};
+use crate::names;
+
+/// A range in one of the arenas: `start..start + len`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Span {
+    pub start: u32,
+    pub len: u32,
+}
+
+impl Span {
+    pub fn range(self) -> std::ops::Range<usize> {
+        self.start as usize..(self.start + self.len) as usize
+    }
+}
+
+/// One argument value. Containers point at their elements in [`Program::args`]; a dict's span
+/// holds `2 * n` entries, key then value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arg {
+    /// The value of an earlier node of the same graph.
+    Node(u32),
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An int beyond i64, as decimal text (`-?[0-9]+`) in the byte arena.
+    BigInt(Span),
+    Float(f64),
+    /// UTF-8 text in the byte arena.
+    Str(Span),
+    /// Raw bytes in the byte arena.
+    Bytes(Span),
+    /// A constant-pool slot.
+    Const(u32),
+    Tuple(Span),
+    List(Span),
+    Dict(Span),
+}
+
+/// The torch.fx node kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Placeholder,
+    CallModule,
+    CallFunction,
+    CallMethod,
+    GetAttr,
+    Output,
+}
+
+impl Op {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Placeholder => "placeholder",
+            Op::CallModule => "call_module",
+            Op::CallFunction => "call_function",
+            Op::CallMethod => "call_method",
+            Op::GetAttr => "get_attr",
+            Op::Output => "output",
+        }
+    }
+}
+
+/// What a node calls or names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// output
+    None,
+    /// placeholder: the parameter's name in the traced signature (text).
+    Param(Span),
+    /// call_module: an index into [`Program::submods`].
+    Submod(u32),
+    /// call_function written by a dotted name that resolves where the code runs (text).
+    Name(Span),
+    /// call_function `operator.getitem`, written as a subscript.
+    Getitem,
+    /// call_function through the pool, or get_attr's attribute object.
+    Const(u32),
+    /// call_method: the method name (text).
+    Method(Span),
+}
+
+/// One node; `args` and `kwargs` are spans of [`Program::args`], kwargs as `Str(key), value` pairs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub name: Span,
+    pub target: Target,
+    pub args: Span,
+    pub kwargs: Span,
+}
+
+/// How a child module is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SubmodKind {
+    /// An opaque callable bound at compile time.
+    Opaque,
+    /// A plain graph module inlined as a nested function: the index of its graph.
+    Inline(u32),
+}
+
+/// A child called by `call_module`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Submod {
+    pub name: Span,
+    pub kind: SubmodKind,
+}
+
+/// One function's nodes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Graph {
+    pub nodes: Vec<Node>,
+}
+
+/// The deepest container nesting accepted anywhere (live graphs and serialized input).
+pub const MAX_DEPTH: usize = 64;
+
+/// Graphs, children and arenas: everything the emitter reads.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Program {
+    /// Text and bytes of every string in the program.
+    pub bytes: Vec<u8>,
+    /// Elements of every container and every node's args and kwargs.
+    pub args: Vec<Arg>,
+    /// `graphs[0]` is the root; an inlined child's graph always has a larger index than its caller.
+    pub graphs: Vec<Graph>,
+    /// Children in order of first call; `submod_names[i]` of the public API.
+    pub submods: Vec<Submod>,
+    /// The number of constant-pool slots.
+    pub n_consts: u32,
+}
+
+impl Program {
+    /// Text of a span created by [`Program::push_str`].
+    pub fn str(&self, s: Span) -> &str {
+        let b = &self.bytes[s.range()];
+        debug_assert!(std::str::from_utf8(b).is_ok());
+        std::str::from_utf8(b).unwrap_or("")
+    }
+
+    pub fn raw(&self, s: Span) -> &[u8] {
+        &self.bytes[s.range()]
+    }
+
+    pub fn push_bytes(&mut self, b: &[u8]) -> Span {
+        let start = self.bytes.len() as u32;
+        self.bytes.extend_from_slice(b);
+        Span {
+            start,
+            len: b.len() as u32,
+        }
+    }
+
+    pub fn push_str(&mut self, s: &str) -> Span {
+        self.push_bytes(s.as_bytes())
+    }
+
+    /// Reserves `n` argument slots (filled later with [`Program::args`] writes).
+    pub fn reserve_args(&mut self, n: usize) -> Span {
+        let start = self.args.len() as u32;
+        self.args.resize(self.args.len() + n, Arg::None);
+        Span {
+            start,
+            len: n as u32,
+        }
+    }
+
+    pub fn push_args(&mut self, items: &[Arg]) -> Span {
+        let start = self.args.len() as u32;
+        self.args.extend_from_slice(items);
+        Span {
+            start,
+            len: items.len() as u32,
+        }
+    }
+
+    pub fn submod_name(&self, i: u32) -> &str {
+        self.str(self.submods[i as usize].name)
+    }
+
+    /// A human-readable target, for error messages.
+    pub fn target_text(&self, t: Target) -> String {
+        match t {
+            Target::None => "None".into(),
+            Target::Param(s) | Target::Name(s) | Target::Method(s) => self.str(s).into(),
+            Target::Submod(i) => self
+                .submods
+                .get(i as usize)
+                .map(|s| self.str(s.name).to_string())
+                .unwrap_or_else(|| format!("<submodule {i}>")),
+            Target::Getitem => "operator.getitem".into(),
+            Target::Const(k) => format!("<constant {k}>"),
+        }
+    }
+
+    /// The error naming `node`.
+    pub fn node_error(&self, node: &Node, reason: impl Into<String>) -> Error {
+        Error::Node {
+            op: node.op.as_str().into(),
+            name: self.str(node.name).into(),
+            target: self.target_text(node.target),
+            reason: reason.into(),
+        }
+    }
+
+    /// Calls `f` on every node reference inside `span` (containers included).
+    pub fn for_each_ref(&self, span: Span, f: &mut impl FnMut(u32)) {
+        for a in &self.args[span.range()] {
+            match *a {
+                Arg::Node(i) => f(i),
+                Arg::Tuple(s) | Arg::List(s) | Arg::Dict(s) => self.for_each_ref(s, f),
+                _ => {}
+            }
+        }
+    }
+
+    /// Checks every rule the emitter relies on; a program that passes emits valid Python.
+    pub fn validate(&self) -> Result<()> {
+        if self.graphs.is_empty() {
+            return Err(Error::Invalid("the program has no graph".into()));
+        }
+        for sm in &self.submods {
+            check_span(self, sm.name)?;
+            if let SubmodKind::Inline(g) = sm.kind {
+                if g == 0 || g as usize >= self.graphs.len() {
+                    return Err(Error::Invalid(format!(
+                        "submodule {:?} inlines graph {g}, which does not exist",
+                        self.str(sm.name)
+                    )));
+                }
+            }
+        }
+        for (gi, g) in self.graphs.iter().enumerate() {
+            self.validate_graph(gi as u32, g)?;
+        }
+        Ok(())
+    }
+
+    fn validate_graph(&self, gi: u32, g: &Graph) -> Result<()> {
+        let mut seen_default = false;
+        for (j, node) in g.nodes.iter().enumerate() {
+            check_span(self, node.name)?;
+            let bad = |why: String| self.node_error(node, why);
+            if node.args.range().end > self.args.len()
+                || node.kwargs.range().end > self.args.len()
+                || node.kwargs.len % 2 != 0
+            {
+                return Err(bad("argument span out of range".into()));
+            }
+            match (node.op, node.target) {
+                (Op::Placeholder, Target::Param(p)) => {
+                    check_span(self, p)?;
+                    if self.raw(p).first() == Some(&b'*') {
+                        return Err(bad("variadic placeholders are not supported".into()));
+                    }
+                    if node.args.len > 1 || node.kwargs.len > 0 {
+                        return Err(bad("a placeholder takes at most one default".into()));
+                    }
+                    if node.args.len == 1 {
+                        seen_default = true;
+                    } else if seen_default {
+                        return Err(bad(
+                            "a placeholder without default follows one with a default".into(),
+                        ));
+                    }
+                }
+                (Op::CallModule, Target::Submod(i)) => match self.submods.get(i as usize) {
+                    None => return Err(bad(format!("submodule index {i} does not exist"))),
+                    Some(Submod {
+                        kind: SubmodKind::Inline(c),
+                        ..
+                    }) if *c <= gi => {
+                        return Err(bad("an inlined child must come after its caller".into()))
+                    }
+                    _ => {}
+                },
+                (Op::CallFunction, Target::Name(s)) => {
+                    check_span(self, s)?;
+                    if let Err(why) = names::check_call_name(self.str(s)) {
+                        return Err(bad(why));
+                    }
+                }
+                (Op::CallFunction, Target::Getitem) => {}
+                (Op::CallFunction | Op::GetAttr, Target::Const(k)) => {
+                    if k >= self.n_consts {
+                        return Err(bad(format!("constant {k} is outside the pool")));
+                    }
+                }
+                (Op::CallMethod, Target::Method(s)) => {
+                    check_span(self, s)?;
+                    if !names::is_identifier(self.raw(s)) || names::is_keyword(self.str(s)) {
+                        return Err(bad("the method name is not a Python identifier".into()));
+                    }
+                    if node.args.len == 0 {
+                        return Err(bad("call_method needs the object as first argument".into()));
+                    }
+                }
+                (Op::Output, Target::None) => {
+                    if j + 1 != g.nodes.len() {
+                        return Err(bad("the output node must be the last node".into()));
+                    }
+                    if node.args.len > 1 || node.kwargs.len > 0 {
+                        return Err(bad("the output node takes one argument".into()));
+                    }
+                }
+                (op, _) => {
+                    return Err(bad(format!("target kind does not fit op {}", op.as_str())));
+                }
+            }
+            if node.op == Op::GetAttr && (node.args.len > 0 || node.kwargs.len > 0) {
+                return Err(bad("get_attr takes no arguments".into()));
+            }
+            self.validate_args(node, node.args, j as u32, &g.nodes, 0)?;
+            for k in (node.kwargs.start..node.kwargs.start + node.kwargs.len).step_by(2) {
+                match self.args[k as usize] {
+                    Arg::Str(s) => check_span(self, s)?,
+                    _ => return Err(bad("a keyword argument's key is not a string".into())),
+                }
+            }
+            self.validate_args(node, node.kwargs, j as u32, &g.nodes, 0)?;
+        }
+        Ok(())
+    }
+
+    fn validate_args(
+        &self,
+        node: &Node,
+        span: Span,
+        pos: u32,
+        nodes: &[Node],
+        depth: usize,
+    ) -> Result<()> {
+        if depth > MAX_DEPTH {
+            return Err(self.node_error(node, "arguments nest too deeply"));
+        }
+        for a in &self.args[span.range()] {
+            match *a {
+                Arg::Node(i) => {
+                    if i >= pos || nodes[i as usize].op == Op::Output {
+                        return Err(self.node_error(
+                            node,
+                            format!("argument refers to node #{i}, which is not an earlier value"),
+                        ));
+                    }
+                }
+                Arg::BigInt(s) => {
+                    check_span(self, s)?;
+                    let t = self.raw(s);
+                    let digits = t.strip_prefix(b"-").unwrap_or(t);
+                    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+                        return Err(self.node_error(node, "malformed integer text"));
+                    }
+                }
+                Arg::Str(s) => check_span(self, s)?,
+                Arg::Bytes(s) if s.range().end > self.bytes.len() => {
+                    return Err(self.node_error(node, "bytes span out of range"))
+                }
+                Arg::Const(k) if k >= self.n_consts => {
+                    return Err(self.node_error(node, format!("constant {k} is outside the pool")))
+                }
+                Arg::Tuple(s) | Arg::List(s) | Arg::Dict(s) => {
+                    if s.range().end > self.args.len()
+                        || (matches!(a, Arg::Dict(_)) && s.len % 2 != 0)
+                    {
+                        return Err(self.node_error(node, "container span out of range"));
+                    }
+                    self.validate_args(node, s, pos, nodes, depth + 1)?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_span(p: &Program, s: Span) -> Result<()> {
+    match p.bytes.get(s.range()) {
+        Some(b) if std::str::from_utf8(b).is_ok() => Ok(()),
+        _ => Err(Error::Invalid("string span out of range or not UTF-8".into())),
+    }
+}

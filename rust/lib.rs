@@ -1,0 +1,185 @@
+//! fxcodegen's core: torch.fx split graph → Python source.
+//!
+//! Read top-down: [`ir`] (the node list), [`serial`] (its versioned binary form, read as
+//! untrusted input), [`names`], [`liveness`], [`literal`] and [`emit`] are plain Rust;
+//! `extract` (feature `python`) is the only reader of Python objects, and the `_core` module
+//! below only exposes functions.
+
+pub mod emit;
+pub mod error;
+pub mod ir;
+pub mod literal;
+pub mod liveness;
+pub mod names;
+pub mod serial;
+
+#[cfg(feature = "python")]
+mod extract;
+
+pub use emit::{Layout, Style};
+pub use error::{Error, Result};
+pub use ir::Program;
+
+/// Emits source for a program after checking it against `layout` (the pure-Rust entry point).
+pub fn codegen(p: &Program, layout: &Layout) -> Result<String> {
+    p.validate()?;
+    emit::check_layout(p, layout)?;
+    Ok(emit::emit(p, layout))
+}
+
+#[cfg(feature = "python")]
+#[pyo3::pymodule(name = "_core")]
+mod core_ext {
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBytes, PyDict, PyList};
+
+    use crate::emit::{check_layout, format_arg, Layout, Style};
+    use crate::error::Error;
+    use crate::extract::{Extractor, Pool};
+    use crate::names::Names;
+    use crate::serial;
+
+    #[pymodule_export]
+    use crate::error::CodegenError;
+
+    #[pymodule_export]
+    #[allow(non_upper_case_globals)]
+    const __version__: &str = env!("CARGO_PKG_VERSION");
+
+    fn style(s: &str) -> PyResult<Style> {
+        match s {
+            "native" => Ok(Style::Native),
+            "vllm" => Ok(Style::Vllm),
+            _ => Err(Error::Invalid(format!("unknown style {s:?}")).into()),
+        }
+    }
+
+    fn submod_names(p: &crate::Program) -> Vec<String> {
+        (0..p.submods.len() as u32)
+            .map(|i| p.submod_name(i).to_string())
+            .collect()
+    }
+
+    /// generate(gm, resolver, style="native", fn_name="execution_fn", with_submod=True,
+    /// consts=None, const_index=None, header=True) -> (code, submod_names, consts)
+    #[pyfunction]
+    #[pyo3(signature = (gm, resolver, style="native", fn_name="execution_fn", with_submod=true, consts=None, const_index=None, header=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate<'py>(
+        py: Python<'py>,
+        gm: &Bound<'py, PyAny>,
+        resolver: &Bound<'py, PyAny>,
+        style: &str,
+        fn_name: &str,
+        with_submod: bool,
+        consts: Option<&Bound<'py, PyList>>,
+        const_index: Option<&Bound<'py, PyDict>>,
+        header: bool,
+    ) -> PyResult<(String, Vec<String>, Bound<'py, PyList>)> {
+        let layout = Layout {
+            style: self::style(style)?,
+            fn_name,
+            with_submod,
+            header,
+        };
+        let pool = match (consts, const_index) {
+            (Some(c), Some(i)) => Pool::seeded(c, i)?,
+            (Some(c), None) => Pool::seeded(c, &PyDict::new(py))?,
+            _ => Pool::new(),
+        };
+        let mut ex = Extractor::new(py, resolver.clone(), pool)?;
+        ex.run(gm)?;
+        check_layout(&ex.prog, &layout)?;
+        let prog = &ex.prog;
+        let code = py.detach(|| crate::emit::emit(prog, &layout));
+        let names = submod_names(prog);
+        let out = write_back(py, &ex.pool, consts, const_index)?;
+        Ok((code, names, out))
+    }
+
+    fn write_back<'py>(
+        py: Python<'py>,
+        pool: &Pool<'py>,
+        consts: Option<&Bound<'py, PyList>>,
+        const_index: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        match consts {
+            Some(list) => {
+                for obj in &pool.objects[pool.preexisting..] {
+                    list.append(obj)?;
+                }
+                if let Some(index) = const_index {
+                    for (id, k) in pool.new_ids() {
+                        index.set_item(id, k)?;
+                    }
+                }
+                Ok(list.clone())
+            }
+            None => PyList::new(py, &pool.objects),
+        }
+    }
+
+    /// serialize(gm, resolver) -> bytes: the versioned serialized node list.
+    #[pyfunction]
+    fn serialize<'py>(
+        py: Python<'py>,
+        gm: &Bound<'py, PyAny>,
+        resolver: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let mut ex = Extractor::new(py, resolver.clone(), Pool::new())?;
+        ex.run(gm)?;
+        let prog = &ex.prog;
+        let data = py.detach(|| serial::write(prog));
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// emit(data, style="native", fn_name="execution_fn") -> (code, submod_names).
+    /// `data` is untrusted: any defect raises CodegenError.
+    #[pyfunction]
+    #[pyo3(signature = (data, style="native", fn_name="execution_fn"))]
+    fn emit(
+        py: Python<'_>,
+        data: &[u8],
+        style: &str,
+        fn_name: &str,
+    ) -> PyResult<(String, Vec<String>)> {
+        let layout = Layout {
+            style: self::style(style)?,
+            fn_name,
+            with_submod: true,
+            header: true,
+        };
+        let result = py.detach(|| -> crate::Result<(String, Vec<String>)> {
+            let prog = serial::read(data)?;
+            let code = crate::codegen(&prog, &layout)?;
+            Ok((code, submod_names(&prog)))
+        });
+        Ok(result?)
+    }
+
+    /// node_ref(arg, consts, const_index, style="vllm", resolver=None) -> str: one value as
+    /// generated code writes it, pooling what is not a literal into `consts`.
+    #[pyfunction]
+    #[pyo3(signature = (arg, consts, const_index, resolver, style="vllm"))]
+    fn node_ref<'py>(
+        py: Python<'py>,
+        arg: &Bound<'py, PyAny>,
+        consts: &Bound<'py, PyList>,
+        const_index: &Bound<'py, PyDict>,
+        resolver: &Bound<'py, PyAny>,
+        style: &str,
+    ) -> PyResult<String> {
+        let style = self::style(style)?;
+        let mut ex = Extractor::new(py, resolver.clone(), Pool::seeded(consts, const_index)?)?;
+        let a = ex.loose_arg(arg)?;
+        let mut names = Names::default();
+        for n in ex.loose.take().unwrap_or_default() {
+            let start = names.text.len() as u32;
+            names.text.push_str(&n);
+            names.spans.push((start, n.len() as u32));
+        }
+        let text = format_arg(&ex.prog, &a, &names, style);
+        write_back(py, &ex.pool, Some(consts), Some(const_index))?;
+        Ok(text)
+    }
+}

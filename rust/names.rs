@@ -1,0 +1,222 @@
+//! Identifier allocation: every generated name is a valid identifier, unique in its function,
+//! and never shadows a keyword, a builtin, `torch`, `operator` or a layout name.
+
+use std::collections::hash_map::Entry;
+
+use rustc_hash::FxHashMap;
+
+use crate::ir::{Graph, Program};
+
+/// Python 3.11's keywords and soft keywords are all lower-case ASCII; `_` is excluded here.
+const KEYWORDS: &[&str] = &[
+    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
+    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import", "in",
+    "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while", "with",
+    "yield", "match", "case",
+];
+
+/// `dir(builtins)` on CPython 3.11.
+const BUILTINS: &[&str] = &[
+    "ArithmeticError", "AssertionError", "AttributeError", "BaseException", "BaseExceptionGroup",
+    "BlockingIOError", "BrokenPipeError", "BufferError", "BytesWarning", "ChildProcessError",
+    "ConnectionAbortedError", "ConnectionError", "ConnectionRefusedError", "ConnectionResetError",
+    "DeprecationWarning", "EOFError", "Ellipsis", "EncodingWarning", "EnvironmentError",
+    "Exception", "ExceptionGroup", "False", "FileExistsError", "FileNotFoundError",
+    "FloatingPointError", "FutureWarning", "GeneratorExit", "IOError", "ImportError",
+    "ImportWarning", "IndentationError", "IndexError", "InterruptedError", "IsADirectoryError",
+    "KeyError", "KeyboardInterrupt", "LookupError", "MemoryError", "ModuleNotFoundError",
+    "NameError", "None", "NotADirectoryError", "NotImplemented", "NotImplementedError", "OSError",
+    "OverflowError", "PendingDeprecationWarning", "PermissionError", "ProcessLookupError",
+    "RecursionError", "ReferenceError", "ResourceWarning", "RuntimeError", "RuntimeWarning",
+    "StopAsyncIteration", "StopIteration", "SyntaxError", "SyntaxWarning", "SystemError",
+    "SystemExit", "TabError", "TimeoutError", "True", "TypeError", "UnboundLocalError",
+    "UnicodeDecodeError", "UnicodeEncodeError", "UnicodeError", "UnicodeTranslateError",
+    "UnicodeWarning", "UserWarning", "ValueError", "Warning", "ZeroDivisionError",
+    "__build_class__", "__debug__", "__doc__", "__import__", "__loader__", "__name__",
+    "__package__", "__spec__", "abs", "aiter", "all", "anext", "any", "ascii", "bin", "bool",
+    "breakpoint", "bytearray", "bytes", "callable", "chr", "classmethod", "compile", "complex",
+    "copyright", "credits", "delattr", "dict", "dir", "divmod", "enumerate", "eval", "exec", "exit",
+    "filter", "float", "format", "frozenset", "getattr", "globals", "hasattr", "hash", "help", "hex",
+    "id", "input", "int", "isinstance", "issubclass", "iter", "len", "license", "list", "locals",
+    "map", "max", "memoryview", "min", "next", "object", "oct", "open", "ord", "pow", "print",
+    "property", "quit", "range", "repr", "reversed", "round", "set", "setattr", "slice", "sorted",
+    "staticmethod", "str", "sum", "super", "tuple", "type", "vars", "zip",
+];
+
+/// Globals the generated module binds besides the builtins.
+const MODULE_GLOBALS: &[&str] = &["torch", "operator", "__builtins__"];
+
+/// Builtins a call target may never name: they run code or reach outside the graph.
+const DENIED_CALLS: &[&str] = &[
+    "eval", "exec", "compile", "__import__", "open", "breakpoint", "input", "globals", "locals",
+    "vars", "exit", "quit", "help", "setattr", "delattr", "__build_class__", "__loader__",
+];
+
+pub fn is_keyword(s: &str) -> bool {
+    KEYWORDS.contains(&s)
+}
+
+pub fn is_builtin(s: &str) -> bool {
+    BUILTINS.binary_search(&s).is_ok()
+}
+
+/// An ASCII Python identifier (`[A-Za-z_][A-Za-z0-9_]*`).
+pub fn is_identifier(s: &[u8]) -> bool {
+    match s.first() {
+        Some(c) if c.is_ascii_alphabetic() || *c == b'_' => {
+            s[1..].iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+        }
+        _ => false,
+    }
+}
+
+/// Whether a dotted call-target name is safe to write: identifiers only, rooted at `torch`,
+/// `operator` or an allowed builtin.
+pub fn check_call_name(name: &str) -> Result<(), String> {
+    let mut parts = name.split('.');
+    let root = parts.next().unwrap_or("");
+    for p in name.split('.') {
+        if !is_identifier(p.as_bytes()) || is_keyword(p) {
+            return Err(format!("call target {name:?} is not a dotted identifier"));
+        }
+    }
+    let rooted = root == "torch" || root == "operator" || (is_builtin(root) && parts.next().is_none());
+    if !rooted || DENIED_CALLS.contains(&root) {
+        return Err(format!("call target {name:?} is not allowed by name"));
+    }
+    Ok(())
+}
+
+/// What a name must avoid besides keywords, builtins and the module globals: the layout's
+/// reserved prefix (pool, submodules, inlined functions) and the entry function's name.
+#[derive(Clone, Copy, Debug)]
+pub struct Reserved<'a> {
+    pub prefix: &'a str,
+    pub fn_name: &'a str,
+}
+
+impl Reserved<'_> {
+    pub fn is_reserved(&self, s: &str) -> bool {
+        s.starts_with(self.prefix)
+            || s == self.fn_name
+            || is_keyword(s)
+            || is_builtin(s)
+            || MODULE_GLOBALS.contains(&s)
+    }
+}
+
+/// Identifiers of one function's nodes: `span[i]` of node `i`, in [`Names::text`].
+#[derive(Debug, Default)]
+pub struct Names {
+    pub text: String,
+    pub spans: Vec<(u32, u32)>,
+}
+
+impl Names {
+    pub fn get(&self, i: u32) -> &str {
+        let (s, l) = self.spans[i as usize];
+        &self.text[s as usize..(s + l) as usize]
+    }
+}
+
+fn hash_bytes(b: &[u8]) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = rustc_hash::FxBuildHasher.build_hasher();
+    h.write(b);
+    h.finish()
+}
+
+/// Assigns every node of `g` a unique identifier: its own name when that is allowed and free,
+/// else a sanitized form with the first free `_N` suffix.
+pub fn assign(p: &Program, g: &Graph, reserved: &Reserved) -> Names {
+    let n = g.nodes.len();
+    let mut out = Names {
+        text: String::with_capacity(n * 8),
+        spans: Vec::with_capacity(n),
+    };
+    // hash of a name -> start of one name with that hash; collisions chain through `more`.
+    let mut used: FxHashMap<u64, u32> = FxHashMap::default();
+    used.reserve(n);
+    let mut more: Vec<(u64, u32)> = Vec::new();
+    let mut scratch = String::new();
+    let taken = |text: &str, spans: &[(u32, u32)], used: &FxHashMap<u64, u32>, more: &[(u64, u32)], s: &str| {
+        let h = hash_bytes(s.as_bytes());
+        let hit = |idx: u32| {
+            let (st, l) = spans[idx as usize];
+            &text[st as usize..(st + l) as usize] == s
+        };
+        match used.get(&h) {
+            None => false,
+            Some(&i) => hit(i) || more.iter().any(|&(mh, mi)| mh == h && hit(mi)),
+        }
+    };
+    for node in &g.nodes {
+        let raw = p.str(node.name);
+        let ok = is_identifier(raw.as_bytes()) && !reserved.is_reserved(raw);
+        let chosen: &str = if ok && !taken(&out.text, &out.spans, &used, &more, raw) {
+            raw
+        } else {
+            scratch.clear();
+            for (k, c) in raw.chars().enumerate() {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    if k == 0 && c.is_ascii_digit() {
+                        scratch.push('_');
+                    }
+                    scratch.push(c);
+                } else {
+                    scratch.push('_');
+                }
+            }
+            if scratch.is_empty() {
+                scratch.push_str("_v");
+            }
+            let base_len = scratch.len();
+            let mut k = 0u64;
+            while reserved.is_reserved(&scratch) || taken(&out.text, &out.spans, &used, &more, &scratch) {
+                k += 1;
+                scratch.truncate(base_len);
+                scratch.push('_');
+                scratch.push_str(itoa::Buffer::new().format(k));
+            }
+            &scratch
+        };
+        let idx = out.spans.len() as u32;
+        let h = hash_bytes(chosen.as_bytes());
+        let start = out.text.len() as u32;
+        out.text.push_str(chosen);
+        out.spans.push((start, chosen.len() as u32));
+        // A second name with the same 64-bit hash (a true collision) goes to the overflow list.
+        match used.entry(h) {
+            Entry::Vacant(e) => {
+                e.insert(idx);
+            }
+            Entry::Occupied(_) => more.push((h, idx)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_sorted_for_binary_search() {
+        let mut v = BUILTINS.to_vec();
+        v.sort_unstable();
+        assert_eq!(v, BUILTINS);
+    }
+
+    #[test]
+    fn call_names() {
+        assert!(check_call_name("torch.ops.aten.add.Tensor").is_ok());
+        assert!(check_call_name("operator.add").is_ok());
+        assert!(check_call_name("len").is_ok());
+        assert!(check_call_name("eval").is_err());
+        assert!(check_call_name("os.system").is_err());
+        assert!(check_call_name("len.x").is_err());
+        assert!(check_call_name("torch.x); import os; (").is_err());
+        assert!(check_call_name("torch..x").is_err());
+        assert!(check_call_name("").is_err());
+    }
+}

@@ -1,0 +1,432 @@
+//! The serialized node list: a compact, versioned binary form of a [`Program`].
+//!
+//! Layout (all counts and indices are unsigned LEB128 varints, `str` is a varint length then
+//! that many bytes):
+//!
+//! ```text
+//! file    := "FXCG" version:u8(=1) n_consts submods graphs
+//! submods := n { name:str kind:u8 (0 opaque | 1 inline graph:varint) }
+//! graphs  := n { n_nodes { node } }                      graph 0 is the root
+//! node    := op:u8 name:str target args:(n arg) kwargs:(n key:str arg)
+//!   op 0 placeholder  target = param:str
+//!   op 1 call_module  target = submod:varint
+//!   op 2 call_function target = 0 name:str | 1 (getitem) | 2 const:varint
+//!   op 3 call_method  target = method:str
+//!   op 4 get_attr     target = const:varint
+//!   op 5 output       (no target)
+//! arg     := 0 node:varint | 1 None | 2 False | 3 True | 4 int:zigzag-varint
+//!          | 5 bigint:str | 6 float:f64-le | 7 str:str | 8 bytes:str | 9 const:varint
+//!          | 10 tuple:(n arg) | 11 list:(n arg) | 12 dict:(n key:arg value:arg)
+//! ```
+//!
+//! Reading is for untrusted input: every count is bounded by the bytes left, every index is
+//! checked, nesting is bounded, and the result goes through [`Program::validate`], so any input
+//! either becomes a program the emitter can write safely or a [`Error::Serial`]/[`Error::Node`].
+
+use crate::error::{Error, Result};
+use crate::ir::{Arg, Graph, Node, Op, Program, Span, Submod, SubmodKind, Target, MAX_DEPTH};
+
+pub const MAGIC: &[u8; 4] = b"FXCG";
+pub const VERSION: u8 = 1;
+
+// ---------------------------------------------------------------- writing
+
+struct Writer<'a> {
+    p: &'a Program,
+    out: Vec<u8>,
+}
+
+impl Writer<'_> {
+    fn varint(&mut self, mut v: u64) {
+        loop {
+            let b = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                self.out.push(b);
+                return;
+            }
+            self.out.push(b | 0x80);
+        }
+    }
+
+    fn bytes(&mut self, s: Span) {
+        self.varint(s.len as u64);
+        let p = self.p;
+        self.out.extend_from_slice(p.raw(s));
+    }
+
+    fn args(&mut self, s: Span) {
+        self.varint(s.len as u64);
+        for k in s.range() {
+            self.arg(self.p.args[k]);
+        }
+    }
+
+    fn arg(&mut self, a: Arg) {
+        match a {
+            Arg::Node(i) => {
+                self.out.push(0);
+                self.varint(i as u64);
+            }
+            Arg::None => self.out.push(1),
+            Arg::Bool(false) => self.out.push(2),
+            Arg::Bool(true) => self.out.push(3),
+            Arg::Int(v) => {
+                self.out.push(4);
+                self.varint(((v << 1) ^ (v >> 63)) as u64);
+            }
+            Arg::BigInt(s) => {
+                self.out.push(5);
+                self.bytes(s);
+            }
+            Arg::Float(v) => {
+                self.out.push(6);
+                self.out.extend_from_slice(&v.to_le_bytes());
+            }
+            Arg::Str(s) => {
+                self.out.push(7);
+                self.bytes(s);
+            }
+            Arg::Bytes(s) => {
+                self.out.push(8);
+                self.bytes(s);
+            }
+            Arg::Const(k) => {
+                self.out.push(9);
+                self.varint(k as u64);
+            }
+            Arg::Tuple(s) => {
+                self.out.push(10);
+                self.args(s);
+            }
+            Arg::List(s) => {
+                self.out.push(11);
+                self.args(s);
+            }
+            Arg::Dict(s) => {
+                self.out.push(12);
+                self.varint(s.len as u64 / 2);
+                for k in s.range() {
+                    self.arg(self.p.args[k]);
+                }
+            }
+        }
+    }
+}
+
+/// Writes a program in the serialized form.
+pub fn write(p: &Program) -> Vec<u8> {
+    let mut w = Writer {
+        p,
+        out: Vec::with_capacity(64 + p.bytes.len() + p.args.len() * 3),
+    };
+    w.out.extend_from_slice(MAGIC);
+    w.out.push(VERSION);
+    w.varint(p.n_consts as u64);
+    w.varint(p.submods.len() as u64);
+    for sm in &p.submods {
+        w.bytes(sm.name);
+        match sm.kind {
+            SubmodKind::Opaque => w.out.push(0),
+            SubmodKind::Inline(g) => {
+                w.out.push(1);
+                w.varint(g as u64);
+            }
+        }
+    }
+    w.varint(p.graphs.len() as u64);
+    for g in &p.graphs {
+        w.varint(g.nodes.len() as u64);
+        for n in &g.nodes {
+            let op = match n.op {
+                Op::Placeholder => 0,
+                Op::CallModule => 1,
+                Op::CallFunction => 2,
+                Op::CallMethod => 3,
+                Op::GetAttr => 4,
+                Op::Output => 5,
+            };
+            w.out.push(op);
+            w.bytes(n.name);
+            match n.target {
+                Target::Param(s) | Target::Method(s) => w.bytes(s),
+                Target::Submod(i) | Target::Const(i) if n.op != Op::CallFunction => {
+                    w.varint(i as u64)
+                }
+                Target::Name(s) => {
+                    w.out.push(0);
+                    w.bytes(s);
+                }
+                Target::Getitem => w.out.push(1),
+                Target::Const(k) => {
+                    w.out.push(2);
+                    w.varint(k as u64);
+                }
+                Target::Submod(_) | Target::None => {}
+            }
+            w.args(n.args);
+            w.varint(n.kwargs.len as u64 / 2);
+            for k in n.kwargs.range() {
+                match p.args[k] {
+                    Arg::Str(s) if (k - n.kwargs.start as usize) % 2 == 0 => w.bytes(s),
+                    a => w.arg(a),
+                }
+            }
+        }
+    }
+    w.out
+}
+
+// ---------------------------------------------------------------- reading
+
+struct Reader<'a> {
+    data: &'a [u8],
+    pos: usize,
+    p: Program,
+}
+
+impl Reader<'_> {
+    fn err<T>(&self, reason: impl Into<String>) -> Result<T> {
+        Err(Error::Serial {
+            offset: self.pos,
+            reason: reason.into(),
+        })
+    }
+
+    fn left(&self) -> usize {
+        self.data.len() - self.pos
+    }
+
+    fn u8(&mut self) -> Result<u8> {
+        match self.data.get(self.pos) {
+            Some(&b) => {
+                self.pos += 1;
+                Ok(b)
+            }
+            None => self.err("unexpected end of data"),
+        }
+    }
+
+    fn varint(&mut self) -> Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8()?;
+            let bits = (b & 0x7f) as u64;
+            if shift == 63 && bits > 1 {
+                return self.err("varint overflows 64 bits");
+            }
+            v |= bits << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        self.err("varint longer than 10 bytes")
+    }
+
+    fn index(&mut self, limit: u64, what: &str) -> Result<u32> {
+        let v = self.varint()?;
+        if v >= limit {
+            return self.err(format!("{what} index {v} out of range (< {limit})"));
+        }
+        Ok(v as u32)
+    }
+
+    /// A count of items that take at least `min_bytes` each: bounded by the bytes left.
+    fn count(&mut self, min_bytes: usize) -> Result<usize> {
+        let v = self.varint()?;
+        if v > (self.left() / min_bytes.max(1)) as u64 {
+            return self.err(format!("count {v} exceeds the data left"));
+        }
+        Ok(v as usize)
+    }
+
+    fn raw(&mut self) -> Result<Span> {
+        let n = self.varint()?;
+        if n > self.left() as u64 {
+            return self.err(format!("length {n} exceeds the data left"));
+        }
+        let n = n as usize;
+        let span = self.p.push_bytes(&self.data[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(span)
+    }
+
+    fn text(&mut self) -> Result<Span> {
+        let at = self.pos;
+        let s = self.raw()?;
+        if std::str::from_utf8(self.p.raw(s)).is_err() {
+            return Err(Error::Serial {
+                offset: at,
+                reason: "string is not valid UTF-8".into(),
+            });
+        }
+        Ok(s)
+    }
+
+    fn args(&mut self, n: usize, ctx: &Ctx, depth: usize) -> Result<Span> {
+        let span = self.p.reserve_args(n);
+        for k in 0..n {
+            let a = self.arg(ctx, depth)?;
+            self.p.args[span.start as usize + k] = a;
+        }
+        Ok(span)
+    }
+
+    fn arg(&mut self, ctx: &Ctx, depth: usize) -> Result<Arg> {
+        if depth > MAX_DEPTH {
+            return self.err("arguments nest too deeply");
+        }
+        let tag = self.u8()?;
+        Ok(match tag {
+            0 => Arg::Node(self.index(ctx.node as u64, "node")?),
+            1 => Arg::None,
+            2 => Arg::Bool(false),
+            3 => Arg::Bool(true),
+            4 => {
+                let z = self.varint()?;
+                Arg::Int(((z >> 1) as i64) ^ -((z & 1) as i64))
+            }
+            5 => Arg::BigInt(self.text()?),
+            6 => {
+                if self.left() < 8 {
+                    return self.err("truncated float");
+                }
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&self.data[self.pos..self.pos + 8]);
+                self.pos += 8;
+                Arg::Float(f64::from_le_bytes(b))
+            }
+            7 => Arg::Str(self.text()?),
+            8 => Arg::Bytes(self.raw()?),
+            9 => Arg::Const(self.index(ctx.n_consts, "constant")?),
+            10 => {
+                let n = self.count(1)?;
+                Arg::Tuple(self.args(n, ctx, depth + 1)?)
+            }
+            11 => {
+                let n = self.count(1)?;
+                Arg::List(self.args(n, ctx, depth + 1)?)
+            }
+            12 => {
+                let n = self.count(2)?;
+                Arg::Dict(self.args(2 * n, ctx, depth + 1)?)
+            }
+            t => return self.err(format!("unknown argument tag {t}")),
+        })
+    }
+}
+
+struct Ctx {
+    node: u32,
+    n_consts: u64,
+}
+
+/// Reads a serialized node list. Never panics; bad input is an error naming the offset or node.
+pub fn read(data: &[u8]) -> Result<Program> {
+    let mut r = Reader {
+        data,
+        pos: 0,
+        p: Program::default(),
+    };
+    if data.len() >= u32::MAX as usize {
+        return r.err("serialized node list too large");
+    }
+    if data.len() < 5 || &data[..4] != MAGIC {
+        return r.err("not a serialized node list (bad magic)");
+    }
+    r.pos = 4;
+    let version = r.u8()?;
+    if version != VERSION {
+        return r.err(format!("unsupported format version {version} (this reads {VERSION})"));
+    }
+    let n_consts = r.varint()?;
+    if n_consts > u32::MAX as u64 {
+        return r.err("constant count too large");
+    }
+    r.p.n_consts = n_consts as u32;
+    let n_submods = r.count(2)?;
+    let mut inline_graphs = Vec::new();
+    for _ in 0..n_submods {
+        let name = r.text()?;
+        let kind = match r.u8()? {
+            0 => SubmodKind::Opaque,
+            1 => {
+                let g = r.varint()?;
+                if g > u32::MAX as u64 {
+                    return r.err("graph index too large");
+                }
+                inline_graphs.push(g);
+                SubmodKind::Inline(g as u32)
+            }
+            k => return r.err(format!("unknown submodule kind {k}")),
+        };
+        r.p.submods.push(Submod { name, kind });
+    }
+    let n_graphs = r.count(1)?;
+    if n_graphs == 0 {
+        return r.err("no graphs");
+    }
+    if let Some(g) = inline_graphs.iter().find(|&&g| g >= n_graphs as u64) {
+        return r.err(format!("submodule inlines graph {g}, beyond the {n_graphs} graphs"));
+    }
+    for _ in 0..n_graphs {
+        let n_nodes = r.count(4)?;
+        let mut nodes = Vec::with_capacity(n_nodes);
+        for j in 0..n_nodes {
+            let op = match r.u8()? {
+                0 => Op::Placeholder,
+                1 => Op::CallModule,
+                2 => Op::CallFunction,
+                3 => Op::CallMethod,
+                4 => Op::GetAttr,
+                5 => Op::Output,
+                o => return r.err(format!("unknown op code {o}")),
+            };
+            let name = r.text()?;
+            let target = match op {
+                Op::Placeholder => Target::Param(r.text()?),
+                Op::CallModule => Target::Submod(r.index(n_submods as u64, "submodule")?),
+                Op::CallFunction => match r.u8()? {
+                    0 => Target::Name(r.text()?),
+                    1 => Target::Getitem,
+                    2 => Target::Const(r.index(n_consts, "constant")?),
+                    t => return r.err(format!("unknown call target tag {t}")),
+                },
+                Op::CallMethod => Target::Method(r.text()?),
+                Op::GetAttr => Target::Const(r.index(n_consts, "constant")?),
+                Op::Output => Target::None,
+            };
+            let ctx = Ctx {
+                node: j as u32,
+                n_consts,
+            };
+            let n_args = r.count(1)?;
+            let args = r.args(n_args, &ctx, 0)?;
+            let n_kw = r.count(2)?;
+            let kwargs = r.p.reserve_args(2 * n_kw);
+            for k in 0..n_kw {
+                let key = r.text()?;
+                let v = r.arg(&ctx, 0)?;
+                let at = kwargs.start as usize + 2 * k;
+                r.p.args[at] = Arg::Str(key);
+                r.p.args[at + 1] = v;
+            }
+            nodes.push(Node {
+                op,
+                name,
+                target,
+                args,
+                kwargs,
+            });
+        }
+        r.p.graphs.push(Graph { nodes });
+    }
+    if r.left() != 0 {
+        return r.err(format!("{} trailing bytes", r.left()));
+    }
+    if r.p.bytes.len() > u32::MAX as usize || r.p.args.len() > u32::MAX as usize {
+        return r.err("program too large");
+    }
+    r.p.validate()?;
+    Ok(r.p)
+}
