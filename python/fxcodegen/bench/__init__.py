@@ -1,0 +1,10 @@
+"""Benchmarks of fxcodegen against the code generators users would otherwise run.
+
+- :mod:`~fxcodegen.bench.workloads` builds the graphs (deterministic, parameterised by size).
+- :mod:`~fxcodegen.bench.reference` is a pure-Python reimplementation of vLLM's algorithm.
+- :mod:`~fxcodegen.bench.floor` is the plain loop any Python-side codegen must at least pay.
+- :mod:`~fxcodegen.bench.runner` times them side by side in one process.
+- :mod:`~fxcodegen.bench.cli` is ``python -m fxcodegen bench``.
+
+Nothing here is imported by ``fxcodegen`` itself.
+"""
