@@ -22,6 +22,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import io
 import json
 import linecache
 import logging
@@ -352,6 +353,38 @@ def _decode_sections(path: Path, payload: bytes) -> dict[str, bytes]:
     return out
 
 
+def _load_torch_op(namespace: str, name: str, overload: str | None) -> Any:
+    """Unpickles an operator of the pool by name (see :class:`_PoolPickler`)."""
+    import torch
+
+    packet = getattr(getattr(torch.ops, namespace), name)
+    return packet if overload is None else getattr(packet, overload)
+
+
+class _PoolPickler(pickle.Pickler):
+    """Pickles torch operators (which do not pickle) as their ``torch.ops`` names."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is None:  # no torch object can exist
+            return NotImplemented
+        ops = torch._ops
+        if isinstance(obj, ops.OpOverload):
+            return _load_torch_op, (obj.namespace, obj._opname, obj._overloadname)
+        if isinstance(obj, ops.OpOverloadPacket):
+            namespace, name = obj._qualified_op_name.split("::", 1)
+            return _load_torch_op, (namespace, name, None)
+        if isinstance(obj, ops.HigherOrderOperator):
+            return _load_torch_op, ("higher_order", obj.name(), None)
+        return NotImplemented
+
+
+def _dumps_pool(consts: Sequence[Any]) -> bytes:
+    buf = io.BytesIO()
+    _PoolPickler(buf, protocol=4).dump(list(consts))
+    return buf.getvalue()
+
+
 def _encode_blob(data: bytes) -> bytes:
     return _BLOB_HEADER.pack(BLOB_MAGIC, len(data)) + data
 
@@ -420,7 +453,7 @@ def encode_artifact(
             code_obj = compile(artifact.code, filename, "exec")
         sections.append(("code", marshal.dumps(code_obj)))
     if meta["has_consts"]:
-        sections.append(("consts", pickle.dumps(list(artifact.consts), protocol=4)))
+        sections.append(("consts", _dumps_pool(artifact.consts)))
     payload = _encode_sections(sections)
     header = _HEADER.pack(MAGIC, version, len(payload), hashlib.sha256(payload).digest())
     return header + payload, blobs
@@ -764,7 +797,7 @@ class Cache:
             art = _decode_artifact(path, raw, self.root / BLOBS_DIR, expected_key=key)
         except CacheError as e:
             log.warning(
-                "fxcodegen cache: ignoring damaged artifact %s: %s; compiling afresh",
+                "fxcodegen cache: ignoring unusable artifact %s: %s; compiling afresh",
                 e.path,
                 e.reason,
             )
