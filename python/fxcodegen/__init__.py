@@ -4,6 +4,7 @@ Users import from here only; the compiled core is the private ``fxcodegen._core`
 """
 
 from fxcodegen._core import __version__
+from fxcodegen.backend import backend
 from fxcodegen.codegen import (
     CodegenError,
     Generated,
@@ -13,14 +14,36 @@ from fxcodegen.codegen import (
     generate,
     serialize,
 )
+from fxcodegen.concrete import concrete_args, fake_args
+from fxcodegen.piecewise import (
+    OutOfRangeError,
+    PiecewiseBackend,
+    counters,
+    entry_key,
+    structural_key,
+)
+from fxcodegen.ranges import Range, ranges_from_endpoints
+from fxcodegen.split import SplitItem, split_graph
 
 __all__ = [
     "CodegenError",
     "Generated",
+    "OutOfRangeError",
+    "PiecewiseBackend",
+    "Range",
+    "SplitItem",
     "__version__",
+    "backend",
     "build",
     "compile_execution_fn",
+    "concrete_args",
+    "counters",
     "emit",
+    "entry_key",
+    "fake_args",
     "generate",
+    "ranges_from_endpoints",
     "serialize",
+    "split_graph",
+    "structural_key",
 ]

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 import torch
 
+from fxcodegen.concrete import fake_args, is_symbolic
 from fxcodegen.piecewise import (
     COMPILERS,
     CompiledPool,
@@ -103,15 +104,7 @@ class _Progress:
 
 
 def _has_symbols(gm: torch.fx.GraphModule) -> bool:
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        v = node.meta.get("example_value", node.meta.get("val"))
-        if isinstance(v, torch.SymInt):
-            return True
-        if isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape):
-            return True
-    return False
+    return any(is_symbolic(v) for v in fake_args(gm))
 
 
 class Backend:
@@ -236,12 +229,7 @@ class Backend:
         return fn
 
     def _num_entries(self, gm: torch.fx.GraphModule) -> int:
-        symbolic = any(
-            isinstance(n.meta.get("example_value", n.meta.get("val")), torch.SymInt)
-            for n in gm.graph.nodes
-            if n.op == "placeholder"
-        )
-        if not symbolic:
+        if not any(isinstance(v, torch.SymInt) and is_symbolic(v) for v in fake_args(gm)):
             return 1
         ranges = 1 if self.compile_ranges is None else len(self.compile_ranges)
         return ranges + len(self.compile_sizes)

@@ -15,7 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-__all__ = ["concrete_args", "concrete_value", "fake_args"]
+__all__ = ["concrete_args", "concrete_value", "fake_args", "is_symbolic"]
 
 _MISSING = object()
 
@@ -45,6 +45,20 @@ def fake_args(gm: torch.fx.GraphModule) -> list[Any]:
             )
         out.append(value)
     return out
+
+
+def is_symbolic(value: Any) -> bool:
+    """Whether ``value`` depends on a symbol: a SymInt/SymFloat/SymBool with free symbols,
+    or a tensor with such a size, stride or storage offset. (A SymInt whose expression is a
+    constant, which Dynamo produces for specialised sizes, is not symbolic.)"""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return bool(value.node.expr.free_symbols)
+    if isinstance(value, torch.Tensor):
+        dims = [*value.shape]
+        if value.layout == torch.strided:
+            dims += [*value.stride(), value.storage_offset()]
+        return any(is_symbolic(d) for d in dims)
+    return False
 
 
 def _concrete_expr(expr: sympy.Expr, size: int, what: str) -> sympy.Expr:

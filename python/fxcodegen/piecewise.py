@@ -39,7 +39,7 @@ from typing import Any
 import sympy
 import torch
 
-from fxcodegen.concrete import concrete_args, fake_args
+from fxcodegen.concrete import concrete_args, fake_args, is_symbolic
 from fxcodegen.ranges import Range
 
 __all__ = [
@@ -105,7 +105,11 @@ class _Keyer:
 
     def sym(self, v: Any) -> Any:
         if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            return [type(v).__name__, self.expr(v.node.expr, getattr(v.node, "shape_env", None))]
+            e = v.node.expr
+            if not e.free_symbols:  # a specialised size: the same as a plain number
+                kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(v)]
+                return kind(e)
+            return [type(v).__name__, self.expr(e, getattr(v.node, "shape_env", None))]
         return v
 
     # tensors -----------------------------------------------------------------------
@@ -500,7 +504,9 @@ class PiecewiseBackend(torch.nn.Module):
 
         examples = fake_args(graph)
         if sym_shape_indices is None:
-            sym_shape_indices = [i for i, v in enumerate(examples) if isinstance(v, torch.SymInt)]
+            sym_shape_indices = [
+                i for i, v in enumerate(examples) if isinstance(v, torch.SymInt) and is_symbolic(v)
+            ]
         for i in sym_shape_indices:
             if not 0 <= i < len(examples):
                 raise ValueError(
