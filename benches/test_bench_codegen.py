@@ -1,0 +1,201 @@
+"""Codegen speed: fxcodegen.generate against the reference (vLLM's algorithm), torch.fx and the
+floor, on the stitching and inline-heavy shapes; compile() time of the emitted source; runtime
+of the compiled stitching function. Speed is only reported here, never asserted; behaviour is
+(the smoke run checks that every implementation's code runs and agrees)."""
+
+from __future__ import annotations
+
+import json
+import operator
+from typing import Any
+
+import fxcodegen
+import pytest
+import torch
+import torch.fx as fx
+from fxcodegen.bench import cli, floor, reference, runner, workloads
+
+IMPLS = ["fxcodegen", "reference", "torch.fx", "floor"]
+ROUNDS = 5
+
+_cache: dict[tuple[str, int], workloads.Workload] = {}
+
+
+def _workload(shape: str, size: int) -> workloads.Workload:
+    key = (shape, size)
+    if key not in _cache:
+        _cache.clear()  # keep one large graph alive at a time
+        _cache[key] = workloads.SHAPES[shape](size)
+    return _cache[key]
+
+
+def _rounds(smoke: bool) -> int:
+    return 1 if smoke else ROUNDS
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("shape", ["stitch", "inline"])
+def test_generate(bench: Any, smoke: bool, shape: str, size: int, impl: str) -> None:
+    wl = _workload(shape, size)
+    fn = runner.available_impls([impl]).get(impl)
+    assert fn is not None, f"{impl} is not available"
+    bench.group = f"generate {shape} {wl.num_nodes} nodes"
+    bench.extra_info["nodes"] = wl.num_nodes
+    result = bench.pedantic(fn, args=(wl.gm,), rounds=_rounds(smoke), iterations=1)
+    if impl == "floor":
+        assert result == wl.num_nodes
+    elif impl in ("fxcodegen", "reference"):
+        assert "def execution_fn(" in result[0]
+
+
+@pytest.mark.parametrize("impl", ["fxcodegen", "reference"])
+@pytest.mark.parametrize("shape", ["stitch", "inline"])
+def test_compile_source(bench: Any, smoke: bool, shape: str, size: int, impl: str) -> None:
+    wl = _workload(shape, size)
+    code = runner.available_impls([impl])[impl](wl.gm)[0]
+    bench.group = f"compile() {shape} {wl.num_nodes} nodes"
+    bench.extra_info["source_bytes"] = len(code)
+    bench.pedantic(compile, args=(code, "<bench>", "exec"), rounds=_rounds(smoke), iterations=1)
+
+
+@pytest.fixture(scope="module")
+def runtime_fns() -> dict[str, Any]:
+    layers = 128
+    wl = workloads.stitch(2 * layers + 3, shared_child=False)
+    callables = {f"submod_{i}": runner._child_copy() for i in range(layers)}
+    code, names, consts = reference.generate_execution_code(wl.gm)
+    gen = fxcodegen.generate(wl.gm)
+    return {
+        "hand-written": runner._handwritten(
+            layers, [callables[f"submod_{i}"] for i in range(layers)]
+        ),
+        "vllm-layout": reference.compile_execution_fn(code, callables, names, consts),
+        "fxcodegen": fxcodegen.compile_execution_fn(
+            gen.code, callables, gen.submod_names, gen.consts
+        ),
+    }
+
+
+@pytest.mark.parametrize("layout", ["hand-written", "vllm-layout", "fxcodegen"])
+def test_runtime(bench: Any, smoke: bool, runtime_fns: dict[str, Any], layout: str) -> None:
+    fn = runtime_fns[layout]
+    x = torch.zeros(2)
+    bench.group = "runtime: stitching fn over 128 trivial children"
+    rounds, iterations = (1, 1) if smoke else (200, 50)
+    assert bench.pedantic(fn, args=(x, 4), rounds=rounds, iterations=iterations) is x
+
+
+# --- behaviour (cheap; asserted in every run, the smoke run included) ---------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("shape", ["stitch", "inline"])
+def test_all_implementations_agree(shape: str) -> None:
+    wl = workloads.SHAPES[shape](41, recompile=True)
+    assert workloads.count_nodes(wl.gm) == wl.num_nodes
+    assert floor.read_graph(wl.gm) == wl.num_nodes
+    expected = wl.gm(*wl.args)  # torch.fx's own generated forward
+    assert _same(fxcodegen.build(wl.gm)(*wl.args), expected)
+    assert _same(reference.build(wl.gm)(*wl.args), expected)
+    # torch.fx python_code on every graph the benchmark times, exec'd and run.
+    assert len(runner._torch_fx(wl.gm)) == (2 if shape == "inline" else 1)
+    gen = fxcodegen.generate(wl.gm)
+    code, _, consts = reference.generate_execution_code(wl.gm)
+    if shape == "inline":
+        # fxcodegen interns equal devices by value; the reference pools each object.
+        n_devices = len([n for n in wl.gm.submod_0.graph.nodes if n.kwargs])
+        assert len(consts) == 1 + n_devices  # one dtype, then every device object
+        assert 0 < len(gen.consts) < len(consts)
+    compile(gen.code, "<fxcodegen>", "exec")
+
+
+def test_workloads_are_deterministic() -> None:
+    for shape in ("stitch", "inline"):
+        a, b = workloads.SHAPES[shape](101), workloads.SHAPES[shape](101)
+        assert (
+            reference.generate_execution_code(a.gm)[0] == reference.generate_execution_code(b.gm)[0]
+        )
+        assert fxcodegen.generate(a.gm).code == fxcodegen.generate(b.gm).code
+    g = workloads.stitch(11).gm.graph
+    assert [n.op for n in g.nodes][:4] == [
+        "placeholder",
+        "placeholder",
+        "call_module",
+        "call_function",
+    ]
+    assert [n.target for n in g.nodes][3] is operator.getitem
+
+
+@pytest.mark.skipif(not workloads.model_available(), reason="toy decoder / split_graph missing")
+def test_model_workload_agrees() -> None:
+    wl = workloads.model(2)
+    assert wl.meta["pieces"] >= 4
+    expected = wl.meta["expected"]
+    for fn in (fxcodegen.build(wl.gm), reference.build(wl.gm)):
+        out = fn(*wl.args)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        torch.testing.assert_close(out, expected)
+    assert floor.read_graph(wl.gm) == wl.num_nodes
+
+
+def test_runtime_layouts_agree() -> None:
+    rt = runner.runtime(layers=8, number=5, repeat=3)  # raises if any layout disagrees
+    assert set(rt["ns_per_call"]) >= {"hand-written", "vllm layout (reference)", "fxcodegen"}
+
+
+def test_peak_memory_probe() -> None:
+    m = runner.peak_memory("stitch", 200, "fxcodegen")
+    if m is None:
+        pytest.skip("no /proc/self/clear_refs here")
+    assert m["nodes"] == 199 and m["source_bytes"] > 0 and m["peak_extra_bytes"] >= 0
+
+
+def test_cli_writes_table_and_json(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    rc = cli.main(
+        ["--shape", "stitch,inline", "--sizes", "30", "--repeat", "1", "--no-memory", "-q"]
+        + ["--json", str(out)]
+    )
+    assert rc == 0
+    table = capsys.readouterr().out
+    assert "| stitch |" in table and "| inline |" in table
+    data = json.loads(out.read_text())
+    assert {r["shape"] for r in data["rows"]} == {"stitch", "inline"}
+    for r in data["rows"]:
+        assert set(r["ns_per_node"]) == set(IMPLS)
+        assert r["ratios"]["reference/fxcodegen"] > 0
+    assert cli.main(["--shape", "nope"]) == 2
+
+
+def test_parse_sizes() -> None:
+    assert cli.parse_sizes(["1k,10k", "1M", "2_000"]) == [1000, 10000, 1000000, 2000]
+    with pytest.raises(ValueError):
+        cli.parse_sizes(["x"])
+
+
+def test_graph_builder_matches_create_node() -> None:
+    # The fast node builder must produce what Graph.create_node would.
+    wl = workloads.stitch(9)
+    g = fx.Graph()
+    x = g.placeholder("x")
+    s = g.placeholder("s0")
+    prev = x
+    for i in range(3):
+        out = g.create_node(
+            "call_module",
+            f"submod_{i}",
+            (prev, x, s),
+            {"scale": 0.5, "sizes": [s, 16]},
+            f"submod_{i}",
+        )
+        prev = g.create_node("call_function", operator.getitem, (out, 0), name=f"getitem_{i}")
+    g.output(prev)
+    assert g.python_code("self").src == wl.gm.graph.python_code("self").src
+    wl.gm.graph.lint()
