@@ -464,8 +464,11 @@ class PiecewiseBackend(torch.nn.Module):
         sym_shape_indices: argument positions holding the dynamic size (SymInt inputs);
             ``None`` finds them from the placeholders. Dispatch reads the first one. With
             none, the piece has a single (static) entry and ranges/sizes are ignored.
-        compiler: ``"inductor"`` (``torch._inductor.standalone_compile``) or ``"eager"``
-            (runs the graph as is).
+        compiler: ``"inductor"`` (``torch._inductor.standalone_compile``), ``"eager"``
+            (runs the graph as is), or a callable ``compiler(graph, entry, example_args)``
+            returning the entry's callable (example args: symbolic for ranges and static
+            pieces, concrete FakeTensors for single sizes). Custom compilers are keyed by
+            identity, so they share results only within one process.
         name: used in logs and errors.
         pool: a :class:`CompiledPool` shared with identical pieces (default: a private one).
         artifacts: ``{entry key: bytes}`` from an earlier :meth:`export_artifacts`; entries
@@ -484,7 +487,7 @@ class PiecewiseBackend(torch.nn.Module):
         compile_ranges: Iterable[Any] | None = None,
         compile_sizes: Iterable[int] = (),
         sym_shape_indices: Sequence[int] | None = None,
-        compiler: str = "inductor",
+        compiler: str | Callable[..., Any] = "inductor",
         name: str | None = None,
         pool: CompiledPool | None = None,
         artifacts: Mapping[str, bytes] | None = None,
@@ -495,8 +498,17 @@ class PiecewiseBackend(torch.nn.Module):
         super().__init__()
         if not isinstance(graph, torch.fx.GraphModule):
             raise TypeError(f"PiecewiseBackend expects a GraphModule, got {type(graph).__name__}")
-        if compiler not in COMPILERS:
-            raise ValueError(f"unknown compiler {compiler!r}; choose one of {COMPILERS}")
+        if callable(compiler):
+            compiler_id = (
+                f"custom:{getattr(compiler, '__module__', '?')}."
+                f"{getattr(compiler, '__qualname__', type(compiler).__qualname__)}:{id(compiler)}"
+            )
+        elif compiler in COMPILERS:
+            compiler_id = compiler
+        else:
+            raise ValueError(
+                f"unknown compiler {compiler!r}; choose one of {COMPILERS} or pass a callable"
+            )
         self.graph = graph
         self.piece_name = name or "piece"
         self.compiler = compiler
@@ -527,7 +539,7 @@ class PiecewiseBackend(torch.nn.Module):
 
         self.struct_key = structural_key(graph)
         self.entry_keys: dict[Entry, str] = {
-            e: entry_key(self.struct_key, e, compiler, self.inductor_config) for e in entries
+            e: entry_key(self.struct_key, e, compiler_id, self.inductor_config) for e in entries
         }
 
         pool = pool if pool is not None else CompiledPool()
@@ -564,7 +576,7 @@ class PiecewiseBackend(torch.nn.Module):
                     "compiled %s [%s] with %s in %.3fs",
                     self.piece_name,
                     entry,
-                    compiler,
+                    compiler_id,
                     time.perf_counter() - t0,
                 )
                 pool.put(key, compiled)
@@ -595,6 +607,17 @@ class PiecewiseBackend(torch.nn.Module):
     def _compile(self, entry: Entry, returns_sequence: bool) -> Compiled:
         if self.compiler == "eager":
             return Compiled(self.graph)
+        if callable(self.compiler):
+            if entry.kind == "size":
+                example = concrete_args(self.graph, entry.start, fake=True)
+            else:
+                example = fake_args(self.graph)
+            fn = self.compiler(self.graph, entry, example)
+            if not callable(fn):
+                raise TypeError(
+                    f"compiler {self.compiler!r} returned {type(fn).__name__}, not a callable"
+                )
+            return Compiled(fn)
         from torch._inductor import standalone_compile
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -667,4 +690,5 @@ class PiecewiseBackend(torch.nn.Module):
         return {self.entry_keys[e]: self._compiled[e].to_bytes() for e in self.entries}
 
     def extra_repr(self) -> str:
-        return f"{self.piece_name}, compiler={self.compiler}, entries=[{', '.join(map(str, self.entries))}]"
+        entries = ", ".join(map(str, self.entries))
+        return f"{self.piece_name}, compiler={self.compiler!r}, entries=[{entries}]"
