@@ -64,7 +64,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
             f"entries={info.entries}  {factors}"
         )
     if keys:
-        print(f"total {_human(total)} (shared blobs counted once per artifact)")
+        on_disk = sum(p.stat().st_size for p in cache.root.rglob("*") if p.is_file())
+        print(f"{_human(on_disk)} on disk ({_human(total)} if blobs were not shared)")
     return 0
 
 
