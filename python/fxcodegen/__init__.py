@@ -5,6 +5,7 @@ Users import from here only; the compiled core is the private ``fxcodegen._core`
 
 from fxcodegen._core import __version__
 from fxcodegen.backend import backend
+from fxcodegen.cache import CacheError, load_artifact
 from fxcodegen.codegen import (
     CodegenError,
     Generated,
@@ -26,6 +27,7 @@ from fxcodegen.ranges import Range, ranges_from_endpoints
 from fxcodegen.split import SplitItem, split_graph
 
 __all__ = [
+    "CacheError",
     "CodegenError",
     "Generated",
     "OutOfRangeError",
@@ -42,6 +44,7 @@ __all__ = [
     "entry_key",
     "fake_args",
     "generate",
+    "load_artifact",
     "ranges_from_endpoints",
     "serialize",
     "split_graph",
