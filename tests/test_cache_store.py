@@ -353,6 +353,18 @@ def test_pool_with_torch_values_and_operators_round_trips(cache: Cache) -> None:
     assert got[4:] == pool[4:]
 
 
+def test_artifact_marked_not_storable_is_used_but_not_stored(cache: Cache) -> None:
+    def create() -> Artifact:
+        art = make_artifact()
+        art.storable = False  # e.g. a piece whose compiled result could not be exported
+        return art
+
+    art, loaded = cache.get_or_create(KEY, FACTORS, create)
+    assert not loaded and art.code_origin == "source"
+    check_artifact(art)
+    assert not cache.artifact_path(KEY).exists()
+
+
 def test_artifact_stored_under_another_key_is_rejected(cache: Cache) -> None:
     other = C.compute_key(fake_factors(compiler="other"))
     cache.store(other, fake_factors(compiler="other"), make_artifact())

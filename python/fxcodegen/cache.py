@@ -139,6 +139,9 @@ class Artifact:
     fn_name: str = DEFAULT_FN_NAME
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else the backend wants back, JSON-serializable."""
+    storable: bool = True
+    """Set False (e.g. when a piece's compiled result could not be exported) to have
+    :meth:`Cache.get_or_create` use it without storing it. Not stored."""
     code_object: types.CodeType | None = None
     """The module code object of ``code``; on load, unmarshaled or compiled from source."""
     code_origin: str = "none"
@@ -896,7 +899,10 @@ class Cache:
                 if sig is None:
                     log.info("%s", self.explain_miss(key, factors))
                 art = create_fn().prepare(key, factors)
-                self.store(key, factors, art)
+                if art.storable:
+                    self.store(key, factors, art)
+                else:
+                    log.info("fxcodegen cache: %s is not storable; not stored", key[:16])
                 return art, False
         except filelock.Timeout:
             log.warning(
