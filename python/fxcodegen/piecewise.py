@@ -595,7 +595,9 @@ class PiecewiseBackend(torch.nn.Module):
         for entry in entries:
             fn = self._compiled[entry].fn
             if entry.kind == "static":
-                self._single = fn
+                # object.__setattr__: an eager entry is a GraphModule, which nn.Module would
+                # register as a child and serve through its slow __getattr__.
+                object.__setattr__(self, "_single", fn)
             elif entry.kind == "size":
                 self._exact[entry.start] = fn
             else:
