@@ -199,3 +199,24 @@ def test_graph_builder_matches_create_node() -> None:
     g.output(prev)
     assert g.python_code("self").src == wl.gm.graph.python_code("self").src
     wl.gm.graph.lint()
+
+
+def test_plot_script(tmp_path: Any) -> None:
+    pytest.importorskip("matplotlib")
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).with_name("plot.py")
+    spec = importlib.util.spec_from_file_location("bench_plot", path)
+    assert spec is not None and spec.loader is not None
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    data = tmp_path / "r.json"
+    rc = cli.main(
+        ["--shape", "stitch", "--sizes", "20,40", "--repeat", "1", "--no-memory", "-q"]
+        + ["--json", str(data)]
+    )
+    assert rc == 0
+    png = tmp_path / "r.png"
+    assert plot.main([str(data), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
