@@ -6,12 +6,20 @@ each non-splitting piece becomes a :class:`fxcodegen.PiecewiseBackend` (compiled
 range and size right away; identical pieces share results); splitting pieces stay plain
 GraphModules, which fxcodegen inlines; the stitching function comes from
 :func:`fxcodegen.codegen.generate` and is what Dynamo runs.
+
+With the artifact cache (``cache_dir``, see ``docs/cache.md``) each graph is keyed before
+anything is compiled; a hit rebuilds every piece from its stored Inductor artifacts (no
+compile) and binds the stored code object of the stitching function (no generation, no
+``compile()`` of source). ``compiler="eager"`` bypasses the cache: it has nothing compiled to
+store.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -20,15 +28,20 @@ from typing import Any, TextIO
 
 import torch
 
+from fxcodegen.cache import Artifact, Cache, PieceRecord, compute_key, make_factors, open_cache
 from fxcodegen.concrete import fake_args, is_symbolic
 from fxcodegen.piecewise import (
     COMPILERS,
+    KEY_VERSION,
     CompiledPool,
     Entry,
     PiecewiseBackend,
     _normalize_ranges,
     _normalize_sizes,
     counters,
+    entry_key,
+    split_graph_key,
+    structural_key_stable,
 )
 from fxcodegen.split import SplitItem, resolve_splitting_ops, split_graph
 
@@ -55,6 +68,15 @@ class GraphRecord:
     compiled: int = 0
     reused: int = 0
     loaded: int = 0
+    cache: str = "off"
+    """What the artifact cache did: ``"off"`` (``cache_dir=False``), ``"bypassed"``
+    (compiler without artifacts), ``"untrusted"`` (directory not trusted), ``"unkeyable"``
+    (the graph holds objects without a stable identity), ``"miss"`` (compiled, stored
+    unless not storable), ``"hit"`` (loaded) or ``"healed"`` (loaded artifact unusable:
+    compiled afresh and replaced)."""
+    cache_key: str = ""
+    key_s: float = 0.0
+    """Seconds spent computing the cache key."""
     split_gm: torch.fx.GraphModule | None = None
     items: list[SplitItem] = field(default_factory=list)
     pieces: dict[str, PiecewiseBackend] = field(default_factory=dict)
@@ -66,8 +88,11 @@ class GraphRecord:
             f"graph {self.index} ({'symbolic' if self.symbolic else 'static'}): "
             f"{self.num_pieces} pieces ({self.num_splitting} splitting, inlined), "
             f"{self.num_entries} piece-entries: {self.compiled} compiled, {self.reused} reused, "
-            f"{self.loaded} loaded; split {self.split_s:.3f}s, compile {self.compile_s:.2f}s, "
-            f"codegen {self.codegen_s:.4f}s"
+            f"{self.loaded} loaded; cache {self.cache}"
+            + (f" {self.cache_key[:16]}" if self.cache_key else "")
+            + f"; split {self.split_s:.3f}s, key {self.key_s:.3f}s, "
+            f"{'load' if self.cache == 'hit' else 'compile'} {self.compile_s:.2f}s, "
+            f"{'bind' if self.cache == 'hit' else 'codegen'} {self.codegen_s:.4f}s"
         )
 
 
@@ -107,6 +132,67 @@ def _has_symbols(gm: torch.fx.GraphModule) -> bool:
     return any(is_symbolic(v) for v in fake_args(gm))
 
 
+_ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _global_config_hash() -> str:
+    """A hash of the global Inductor and functorch configs (what Inductor's own cache keys
+    on), so that changing e.g. ``torch._inductor.config.max_autotune`` is a miss."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    parts = [
+        sorted(inductor_config.save_config_portable().items()),
+        sorted(functorch_config.save_config_portable().items()),
+    ]
+    return "sha256:" + hashlib.sha256(_ADDRESS_RE.sub("", repr(parts)).encode()).hexdigest()
+
+
+def _device_factors(gm: torch.fx.GraphModule) -> dict[str, Any]:
+    """What the compiled code depends on about the machine: the CPU's vector ISA (Inductor's
+    C++ kernels are built for it) and, for CUDA inputs, the CUDA version and capabilities."""
+    out: dict[str, Any] = {"cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
+    devices = sorted({v.device for v in fake_args(gm) if isinstance(v, torch.Tensor)}, key=str)
+    cuda = [d for d in devices if d.type == "cuda"]
+    if cuda:
+        out["cuda"] = str(torch.version.cuda)
+        out["cuda_capability"] = {str(d): list(torch.cuda.get_device_capability(d)) for d in cuda}
+    return out
+
+
+def _check_pool_bound(fn: Callable[..., Any]) -> None:
+    """Every constant-pool slot the stitching code reads is bound (an older artifact
+    without a pool must not fail at call time)."""
+    from fxcodegen.codegen import CONST_PREFIX
+
+    def names(code: Any) -> set[str]:
+        out = set(code.co_names)
+        for c in code.co_consts:
+            if hasattr(c, "co_names"):
+                out |= names(c)
+        return out
+
+    missing = sorted(
+        n for n in names(fn.__code__) if n.startswith(CONST_PREFIX) and n not in fn.__globals__
+    )
+    if missing:
+        raise KeyError(f"the stitching code reads pool slots that are not stored: {missing}")
+
+
+def _piece_record(name: str, piece: PiecewiseBackend) -> PieceRecord:
+    """What the cache stores for one compiled piece (raises if it cannot be exported)."""
+    exported = piece.export_artifacts()
+    return PieceRecord(
+        name=name,
+        entries={e.label: exported[piece.entry_keys[e]] for e in piece.entries},
+        sym_shape_indices=tuple(piece.sym_shape_indices),
+        returns_tuple=piece.returns_tuple,
+        compile_ranges=tuple((e.start, e.end) for e in piece.entries if e.kind == "range"),
+        compile_sizes=tuple(e.start for e in piece.entries if e.kind == "size"),
+        extra={"struct_key": piece.struct_key},
+    )
+
+
 class Backend:
     """A ``torch.compile`` backend (see :func:`backend`). Keeps a :class:`GraphRecord` per
     graph in :attr:`graphs` and one :class:`CompiledPool` shared by all its graphs."""
@@ -118,7 +204,7 @@ class Backend:
         compile_ranges: Iterable[Any] | None = None,
         compile_sizes: Iterable[int] = (),
         compiler: str = "inductor",
-        cache_dir: str | os.PathLike[str] | None = None,
+        cache_dir: str | os.PathLike[str] | bool | None = None,
         inductor_config: Mapping[str, Any] | None = None,
         progress: bool | None = None,
     ) -> None:
@@ -134,8 +220,16 @@ class Backend:
         self.compile_ranges = None if compile_ranges is None else _normalize_ranges(compile_ranges)
         self.compile_sizes = _normalize_sizes(compile_sizes)
         self.compiler = compiler
-        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
-        """Where compiled artifacts are cached (wired in by ``fxcodegen.cache``)."""
+        if isinstance(cache_dir, bool):
+            self.cache_dir: str | bool | None = None if cache_dir else False
+        else:
+            self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        """The ``cache_dir`` argument: a path, ``None`` (the default directory) or ``False``."""
+        self.cache: Cache | None = None
+        """The artifact cache, or None: disabled (``cache_dir=False``) or a compiler without
+        artifacts to store (``"eager"`` bypasses the cache)."""
+        if compiler == "inductor":
+            self.cache = open_cache(self.cache_dir)
         self.inductor_config = dict(inductor_config or {})
         self.progress = progress
         self.pool = CompiledPool()
@@ -175,11 +269,41 @@ class Backend:
             record.num_splitting,
             record.split_s,
         )
-
-        t0 = time.perf_counter()
         to_compile = [it for it in items if not it.is_splitting_graph]
+
+        fn = None
+        if self.cache is not None:
+            fn = self._through_cache(record, split_gm, to_compile)
+        elif self.compiler != "inductor":
+            record.cache = "bypassed"
+        if fn is None:
+            pieces, gen = self._compile_and_generate(record, split_gm, to_compile)
+            t0 = time.perf_counter()
+            fn = codegen.compile_execution_fn(gen.code, dict(pieces), gen.submod_names, gen.consts)
+            record.codegen_s += time.perf_counter() - t0
+
+        record.compiled = counters["compile"] - before["compile"]
+        record.reused = counters["compile_reused"] - before["compile_reused"]
+        record.loaded = counters["artifact_loaded"] - before["artifact_loaded"]
+        log.info("fxcodegen: %s", record.summary())
+        return fn
+
+    # the cold path ---------------------------------------------------------------------
+    def _compile_and_generate(
+        self,
+        record: GraphRecord,
+        split_gm: torch.fx.GraphModule,
+        to_compile: list[SplitItem],
+    ) -> tuple[dict[str, PiecewiseBackend], Any]:
+        """Compile every piece for every entry, put them in ``split_gm`` and generate the
+        stitching code (``counters["codegen"]``). Returns ``(pieces, Generated)``."""
+        from fxcodegen import codegen
+
+        before = counters.copy()
+        t0 = time.perf_counter()
         total = sum(self._num_entries(it.graph) for it in to_compile)
         progress = _Progress(total, self._progress_enabled(), sys.stderr)
+        pieces: dict[str, PiecewiseBackend] = {}
         try:
             for it in to_compile:
                 piece = PiecewiseBackend(
@@ -192,16 +316,14 @@ class Backend:
                     inductor_config=self.inductor_config,
                     on_entry=lambda e, how, n=it.submod_name: progress.step(e, how, n),
                 )
-                record.num_entries += len(piece.entries)
-                record.pieces[it.submod_name] = piece
+                pieces[it.submod_name] = piece
                 # Replace the child: a non-GraphModule child is called, not inlined.
                 setattr(split_gm, it.submod_name, piece)
         finally:
             progress.close()
+        record.pieces = pieces
+        record.num_entries = sum(len(p.entries) for p in pieces.values())
         record.compile_s = time.perf_counter() - t0
-        record.compiled = counters["compile"] - before["compile"]
-        record.reused = counters["compile_reused"] - before["compile_reused"]
-        record.loaded = counters["artifact_loaded"] - before["artifact_loaded"]
         log.info(
             "graph %d: compiled %d piece-entries with %s in %.2fs (%d compiles, %d reused, "
             "%d loaded)",
@@ -209,23 +331,235 @@ class Backend:
             record.num_entries,
             self.compiler,
             record.compile_s,
-            record.compiled,
-            record.reused,
-            record.loaded,
+            counters["compile"] - before["compile"],
+            counters["compile_reused"] - before["compile_reused"],
+            counters["artifact_loaded"] - before["artifact_loaded"],
         )
 
         t0 = time.perf_counter()
         gen = codegen.generate(split_gm)
-        fn = codegen.compile_execution_fn(
-            gen.code, dict(record.pieces), gen.submod_names, gen.consts
-        )
         counters["codegen"] += 1
         record.codegen_s = time.perf_counter() - t0
         record.code = gen.code
         log.info(
             "graph %d: generated the stitching function in %.4fs", record.index, record.codegen_s
         )
-        log.info("fxcodegen: %s", record.summary())
+        return pieces, gen
+
+    # the cache -------------------------------------------------------------------------
+    def cache_factors(
+        self, split_gm: torch.fx.GraphModule, to_compile: list[SplitItem]
+    ) -> tuple[dict[str, Any], bool]:
+        """``(factors, stable)`` of a split graph whose pieces are not compiled yet.
+
+        Beyond :func:`fxcodegen.cache.make_factors` (serialized node list, splitting ops,
+        ranges, sizes, compiler and options, versions), ``extra`` holds: ``pieces`` (each
+        compiled piece's :func:`structural_key`: placeholder shapes/strides/dtypes/devices,
+        ops, literals and the content of tensors the piece holds, which Inductor bakes in),
+        ``values`` (:func:`split_graph_key`: the same over the whole split graph, i.e. every
+        value the stitching code's pool bakes in, tensors by content), the global Inductor
+        config's hash and the device factors. Parameters passed as graph inputs are not
+        baked in, so their values are not in the key. ``stable`` is False when a part is
+        keyed by object identity (then the graph is not cached).
+        """
+        from fxcodegen import codegen
+
+        piece_keys: dict[str, str] = {}
+        stable = True
+        for it in to_compile:
+            piece_keys[it.submod_name], ok = structural_key_stable(it.graph)
+            stable = stable and ok
+        values, ok = split_graph_key(split_gm, piece_keys)
+        stable = stable and ok
+        factors = make_factors(
+            graph=codegen.serialize(split_gm),
+            splitting_ops=self.splitting_ops,
+            compile_ranges=self.compile_ranges,
+            compile_sizes=self.compile_sizes,
+            compiler=self.compiler,
+            compiler_options={"config_patches": self.inductor_config},
+            extra={
+                "key_version": KEY_VERSION,
+                "pieces": piece_keys,
+                "values": values,
+                "inductor_config": _global_config_hash(),
+                "devices": _device_factors(split_gm),
+            },
+        )
+        return factors, stable
+
+    def _through_cache(
+        self,
+        record: GraphRecord,
+        split_gm: torch.fx.GraphModule,
+        to_compile: list[SplitItem],
+    ) -> Callable[..., Any] | None:
+        """The stitching function through the cache, or None to compile without it."""
+        cache = self.cache
+        assert cache is not None
+        if not cache.usable():  # warns (once) naming the reason
+            record.cache = "untrusted"
+            return None
+        t0 = time.perf_counter()
+        factors, stable = self.cache_factors(split_gm, to_compile)
+        key = compute_key(factors)
+        record.key_s = time.perf_counter() - t0
+        if not stable:
+            log.info(
+                "graph %d: not cached: it holds objects keyed by identity (closures, local "
+                "functions, fake tensors or unpicklable constants)",
+                record.index,
+            )
+            record.cache = "unkeyable"
+            return None
+        record.cache_key = key
+        made: dict[str, dict[str, PiecewiseBackend]] = {}
+
+        def create() -> Artifact:
+            pieces, gen = self._compile_and_generate(record, split_gm, to_compile)
+            made["pieces"] = pieces
+            art = Artifact(
+                code=gen.code,
+                submod_names=list(gen.submod_names),
+                consts=list(gen.consts),
+                extra={"symbolic": record.symbolic},
+            )
+            try:
+                art.pieces = [_piece_record(name, p) for name, p in pieces.items()]
+            except Exception as e:  # noqa: BLE001 - an unexportable piece: use, don't store
+                log.warning(
+                    "fxcodegen cache: graph %d (%s) is not stored: a piece could not be "
+                    "exported (%s: %s)",
+                    record.index,
+                    key[:16],
+                    type(e).__name__,
+                    e,
+                )
+                art.storable = False
+            return art
+
+        art, loaded = cache.get_or_create(key, factors, create)
+        if loaded:
+            try:
+                fn = self._bind_loaded(record, art, split_gm, to_compile, factors)
+            except Exception as e:  # noqa: BLE001 - any failure to load: compile afresh
+                log.warning(
+                    "fxcodegen cache: cannot use artifact %s (%s: %s); compiling afresh and "
+                    "replacing it",
+                    art.path,
+                    type(e).__name__,
+                    e,
+                )
+                art = self._recreate(key, factors, create)
+                record.cache = "healed"
+            else:
+                record.cache = "hit"
+                return fn
+        else:
+            record.cache = "miss"
+        t0 = time.perf_counter()
+        fn = art.execution_fn(made["pieces"])
+        record.codegen_s += time.perf_counter() - t0
+        return fn
+
+    def _recreate(
+        self, key: str, factors: dict[str, Any], create: Callable[[], Artifact]
+    ) -> Artifact:
+        """Compile afresh under the key's lock and replace the stored artifact."""
+        import filelock
+
+        assert self.cache is not None
+        try:
+            with self.cache.locked(key):
+                art = create().prepare(key, factors)
+                if art.storable:
+                    self.cache.store(key, factors, art)
+                return art
+        except filelock.Timeout:
+            return create().prepare(key, factors)
+
+    def _bind_loaded(
+        self,
+        record: GraphRecord,
+        art: Artifact,
+        split_gm: torch.fx.GraphModule,
+        to_compile: list[SplitItem],
+        factors: Mapping[str, Any],
+    ) -> Callable[..., Any]:
+        """Rebuild every piece from ``art`` (nothing compiled) and bind its code object.
+
+        Raises on anything unusable; then counters and the shared pool are as before."""
+        t0 = time.perf_counter()
+        snapshot = counters.copy()
+        scratch = self.pool.copy()  # merged into self.pool only on success
+        piece_keys = factors["extra"]["pieces"]
+        progress = _Progress(
+            sum(len(p.entries) for p in art.pieces), self._progress_enabled(), sys.stderr
+        )
+        try:
+            stored = {p.name: p for p in art.pieces}
+            names = [it.submod_name for it in to_compile]
+            if sorted(stored) != sorted(names):
+                raise ValueError(f"it holds pieces {sorted(stored)}, the graph has {names}")
+            pieces: dict[str, PiecewiseBackend] = {}
+            for it in to_compile:
+                rec = stored[it.submod_name]
+                artifacts = {
+                    entry_key(
+                        piece_keys[it.submod_name],
+                        Entry.from_label(label),
+                        self.compiler,
+                        self.inductor_config,
+                    ): data
+                    for label, data in rec.entries.items()
+                }
+                piece = PiecewiseBackend(
+                    it.graph,
+                    compile_ranges=self.compile_ranges,
+                    compile_sizes=self.compile_sizes,
+                    compiler=self.compiler,
+                    name=it.submod_name,
+                    pool=scratch,
+                    artifacts=artifacts,
+                    compile_missing=False,
+                    inductor_config=self.inductor_config,
+                    on_entry=lambda e, how, n=it.submod_name: progress.step(e, how, n),
+                )
+                if (
+                    sorted(e.label for e in piece.entries) != sorted(rec.entries)
+                    or piece.sym_shape_indices != list(rec.sym_shape_indices)
+                    or piece.returns_tuple != rec.returns_tuple
+                ):
+                    raise ValueError(f"{it.submod_name}: the stored dispatch data differs")
+                pieces[it.submod_name] = piece
+            compile_s = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            fn = art.execution_fn(pieces)
+            _check_pool_bound(fn)
+        except BaseException:
+            for name in ("artifact_loaded", "compile_reused", "compile"):
+                counters[name] = snapshot[name]
+            raise
+        finally:
+            progress.close()
+        self.pool.update(scratch)
+        for name, piece in pieces.items():
+            setattr(split_gm, name, piece)
+        record.pieces = pieces
+        record.num_entries = sum(len(p.entries) for p in pieces.values())
+        record.compile_s = compile_s
+        record.codegen_s = time.perf_counter() - t1
+        record.code = art.code
+        log.info(
+            "graph %d: loaded %d piece-entries (%d artifacts) in %.2fs and bound the stitching "
+            "code (%s) in %.4fs",
+            record.index,
+            record.num_entries,
+            counters["artifact_loaded"] - snapshot["artifact_loaded"],
+            record.compile_s,
+            art.code_origin,
+            record.codegen_s,
+        )
         return fn
 
     def _num_entries(self, gm: torch.fx.GraphModule) -> int:
@@ -241,7 +575,7 @@ def backend(
     compile_ranges: Iterable[Any] | None = None,
     compile_sizes: Iterable[int] = (),
     compiler: str = "inductor",
-    cache_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | bool | None = None,
     inductor_config: Mapping[str, Any] | None = None,
     progress: bool | None = None,
 ) -> Backend:
@@ -254,7 +588,9 @@ def backend(
             with dynamic shapes; default one range covering every size.
         compile_sizes: single sizes compiled with static shapes (checked first).
         compiler: ``"inductor"`` or ``"eager"``.
-        cache_dir: the artifact cache directory (see ``fxcodegen.cache``).
+        cache_dir: the artifact cache directory (``docs/cache.md``); ``None``:
+            ``$FXCODEGEN_CACHE_DIR``, else ``~/.cache/fxcodegen``; ``False`` disables it.
+            Only ``"inductor"`` uses it (``"eager"`` has nothing compiled to store).
         inductor_config: Inductor config patches.
         progress: show a progress line while compiling (default: when stderr is a TTY or
             ``FXCODEGEN_PROGRESS=1``).

@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import tempfile
 import time
 import types
@@ -52,7 +53,9 @@ __all__ = [
     "counters",
     "entry_key",
     "load_inductor_artifact",
+    "split_graph_key",
     "structural_key",
+    "structural_key_stable",
 ]
 
 log = logging.getLogger("fxcodegen")
@@ -90,8 +93,17 @@ class _Keyer:
     values of tensors the graph holds itself (``get_attr``), hashed by content.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, known_modules: Mapping[int, str] | None = None) -> None:
         self.symbols: dict[sympy.Symbol, str] = {}
+        self.known_modules = dict(known_modules or {})
+        """``id(module) -> key`` of children already keyed (described by that key)."""
+        self.unstable = False
+        """Set when part of the description is an object identity (a closure, a fake
+        tensor's data, an unnamed object): equal within this process only."""
+
+    def identity(self, obj: Any) -> int:
+        self.unstable = True
+        return id(obj)
 
     # symbolic values ------------------------------------------------------------------
     def expr(self, e: sympy.Basic, shape_env: Any = None) -> str:
@@ -129,7 +141,7 @@ class _Keyer:
     def tensor_value(self, t: torch.Tensor) -> list[Any]:
         meta = self.tensor_meta(t)
         if isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta":
-            return [*meta, "no-data", id(t)]  # cannot hash data: never merge
+            return [*meta, "no-data", self.identity(t)]  # cannot hash data: never merge
         data = t.detach().cpu().contiguous()
         digest = hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
         return [*meta, digest]
@@ -150,10 +162,10 @@ class _Keyer:
             t.__closure__ or "<lambda>" in (qual or "") or "<locals>" in (qual or "")
         ):
             # Closures and local functions may differ under one name: key by identity.
-            return ["fn-id", module, qual, id(t)]
+            return ["fn-id", module, qual, self.identity(t)]
         if module is not None and qual is not None:
             return ["fn", module, qual]
-        return ["obj", type(t).__module__, type(t).__qualname__, id(t)]
+        return ["obj", type(t).__module__, type(t).__qualname__, self.identity(t)]
 
     # arguments ---------------------------------------------------------------------
     def arg(self, a: Any, index: dict[torch.fx.Node, int]) -> Any:
@@ -183,7 +195,15 @@ class _Keyer:
             return [type(a).__name__, repr(a)]
         if callable(a):
             return self.target(a)
-        return ["obj", type(a).__module__, type(a).__qualname__, repr(a)]
+        return ["obj", type(a).__module__, type(a).__qualname__, self.content(a)]
+
+    def content(self, a: Any) -> Any:
+        # A repr need not show an object's state: hash its pickle (the cache pickles the
+        # constant pool anyway); an object that does not pickle is keyed by identity.
+        try:
+            return hashlib.sha256(pickle.dumps(a, protocol=4)).hexdigest()
+        except Exception:  # noqa: BLE001 - any pickling failure
+            return ["id", self.identity(a)]
 
     def example(self, v: Any) -> Any:
         if isinstance(v, torch.Tensor):
@@ -194,6 +214,9 @@ class _Keyer:
 
     # modules -----------------------------------------------------------------------
     def module(self, m: Any) -> Any:
+        known = self.known_modules.get(id(m))
+        if known is not None:
+            return ["keyed", known]
         if isinstance(m, torch.fx.GraphModule):
             return ["graph", self.graph(m)]
         if isinstance(m, torch.nn.Module):
@@ -251,11 +274,41 @@ def structural_key(gm: torch.fx.GraphModule) -> str:
     ranges kept), and the content of tensors held by the graph (``get_attr``). Stable across
     processes for graphs that hold no closures or local functions.
     """
+    return structural_key_stable(gm)[0]
+
+
+def structural_key_stable(gm: torch.fx.GraphModule) -> tuple[str, bool]:
+    """``(structural_key(gm), stable)``: ``stable`` is False when the key holds an object
+    identity (a closure or local function as call target, a fake tensor held as a
+    constant, an object that does not pickle), so it is valid in this process only."""
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"structural_key expects a torch.fx.GraphModule, got {type(gm).__name__}")
-    desc = _Keyer().graph(gm)
+    keyer = _Keyer()
+    desc = keyer.graph(gm)
     text = json.dumps([KEY_VERSION, desc], separators=(",", ":"), default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(text.encode()).hexdigest(), not keyer.unstable
+
+
+def split_graph_key(
+    split_gm: torch.fx.GraphModule, piece_keys: Mapping[str, str] | None = None
+) -> tuple[str, bool]:
+    """``(key, stable)`` of a whole split graph: its nodes as :func:`structural_key` sees
+    them, with the children named in ``piece_keys`` described by those keys (not walked
+    again) and every other child (inlined splitting pieces) walked.
+
+    This covers every value the generated stitching code and the pieces bake in: call
+    targets, literals, and the content of tensors held by any graph (``get_attr``). Values
+    that are neither are hashed by their pickle. ``stable`` is False when part of the
+    description is an object identity (closures, local functions, fake tensors held as
+    constants, objects that do not pickle): such a key is valid in this process only.
+    """
+    known: dict[int, str] = {}
+    for name, key in (piece_keys or {}).items():
+        known[id(split_gm.get_submodule(name))] = key
+    keyer = _Keyer(known)
+    desc = keyer.graph(split_gm)
+    text = json.dumps([KEY_VERSION, "split", desc], separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest(), not keyer.unstable
 
 
 # --------------------------------------------------------------------------------------
@@ -399,6 +452,16 @@ class CompiledPool:
 
     def __len__(self) -> int:
         return len(self._by_key)
+
+    def copy(self) -> CompiledPool:
+        """A pool with the same entries (adding to it leaves this one unchanged)."""
+        out = CompiledPool()
+        out._by_key = dict(self._by_key)
+        return out
+
+    def update(self, other: CompiledPool) -> None:
+        """Add ``other``'s entries."""
+        self._by_key.update(other._by_key)
 
     def __contains__(self, key: object) -> bool:
         return key in self._by_key

@@ -1,0 +1,118 @@
+"""A child process for the cache tests and the warm-start bench (not collected).
+
+``python _cache_child.py CONFIG_JSON``: compiles the toy decoder with ``fxcodegen.backend``
+(Inductor) into ``config["cache_dir"]``, runs it on ``config["sizes"]`` and prints one JSON
+line on stdout (prefixed ``RESULT ``): counters, per-graph records, timings, the outputs
+(as lists) and the warnings logged by ``fxcodegen``.
+
+Config keys: ``cache_dir``, ``sizes`` (first is the first call), ``layers``, ``hidden``,
+``heads``, ``ranges``, ``compile_sizes``, optional ``go`` (a file to wait for before
+compiling, so that concurrent children start together) and ``ready`` (a file written when
+imports are done).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+T_START = time.perf_counter()
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[tuple[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((record.levelname, record.getMessage()))
+
+
+def main() -> int:
+    cfg = json.loads(sys.argv[1])
+    import torch
+
+    import fxcodegen
+    from fxcodegen.toy import ATTENTION_OP, make_decoder
+
+    collect = _Collect()
+    logger = logging.getLogger("fxcodegen")
+    logger.addHandler(collect)
+    logger.setLevel(logging.INFO)
+    t_imported = time.perf_counter()
+
+    model = make_decoder(num_layers=cfg["layers"], hidden=cfg["hidden"], heads=cfg["heads"])
+    be = fxcodegen.backend(
+        splitting_ops=[ATTENTION_OP],
+        compile_ranges=[tuple(r) for r in cfg["ranges"]],
+        compile_sizes=cfg["compile_sizes"],
+        cache_dir=cfg["cache_dir"],
+        progress=False,
+    )
+    compiled = torch.compile(model, backend=be, dynamic=True)
+    if cfg.get("ready"):
+        with open(cfg["ready"], "w") as f:
+            f.write(str(os.getpid()))
+    if cfg.get("go"):
+        deadline = time.monotonic() + 600
+        while not os.path.exists(cfg["go"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    outputs = []
+    first_call_s = None
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for i, n in enumerate(cfg["sizes"]):
+            x = torch.randn(n, cfg["hidden"], generator=torch.Generator().manual_seed(n))
+            t = time.perf_counter()
+            y = compiled(x)
+            if i == 0:
+                first_call_s = time.perf_counter() - t
+            ref = model(x)
+            outputs.append(
+                {
+                    "size": n,
+                    "out": y.tolist(),
+                    "max_err_vs_eager": float((y - ref).abs().max()),
+                }
+            )
+    run_s = time.perf_counter() - t0
+    graphs = [
+        {
+            "index": g.index,
+            "symbolic": g.symbolic,
+            "cache": g.cache,
+            "key": g.cache_key,
+            "compiled": g.compiled,
+            "reused": g.reused,
+            "loaded": g.loaded,
+            "num_entries": g.num_entries,
+            "key_s": g.key_s,
+            "compile_s": g.compile_s,
+            "codegen_s": g.codegen_s,
+            # backend wall time: from Dynamo handing the graph to the stitching function
+            "backend_s": g.split_s + g.key_s + g.compile_s + g.codegen_s,
+        }
+        for g in be.graphs
+    ]
+    result = {
+        "pid": os.getpid(),
+        "counters": dict(fxcodegen.counters),
+        "graphs": graphs,
+        "outputs": outputs,
+        "import_s": t_imported - T_START,
+        "first_call_s": first_call_s,
+        "run_s": run_s,
+        "total_s": time.perf_counter() - T_START,
+        "warnings": [m for lvl, m in collect.records if lvl == "WARNING"],
+        "log": [m for _, m in collect.records],
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
