@@ -3,8 +3,8 @@
 
 use crate::error::{Error, Result};
 use crate::ir::{Arg, Graph, Node, Op, Program, Span, SubmodKind, Target};
-use crate::liveness::{self, Liveness};
 use crate::literal;
+use crate::liveness::{self, Liveness};
 use crate::names::{self, Names, Reserved};
 
 /// The naming scheme of the generated module.
@@ -291,9 +291,7 @@ impl Emitter<'_> {
                 self.call_args(node.args, node.kwargs, callee, names);
                 self.out.push('\n');
             }
-            (Op::CallFunction, Target::Getitem)
-                if node.args.len == 2 && node.kwargs.len == 0 =>
-            {
+            (Op::CallFunction, Target::Getitem) if node.args.len == 2 && node.kwargs.len == 0 => {
                 self.lhs(j, names);
                 let a = &p.args[node.args.start as usize..][..2];
                 self.receiver(&a[0], names);
@@ -462,3 +460,7 @@ impl Emitter<'_> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "emit_tests.rs"]
+mod tests;

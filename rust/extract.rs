@@ -36,8 +36,10 @@ struct Types<'py> {
 impl<'py> Types<'py> {
     fn load(py: Python<'py>) -> PyResult<Self> {
         let node_type = NODE.import(py, "torch.fx", "Node")?.clone();
-        let ilist = IMMUTABLE_LIST.import(py, "torch.fx.immutable_collections", "immutable_list")?;
-        let idict = IMMUTABLE_DICT.import(py, "torch.fx.immutable_collections", "immutable_dict")?;
+        let ilist =
+            IMMUTABLE_LIST.import(py, "torch.fx.immutable_collections", "immutable_list")?;
+        let idict =
+            IMMUTABLE_DICT.import(py, "torch.fx.immutable_collections", "immutable_dict")?;
         let device = DEVICE.import(py, "torch", "device")?;
         let graph_module = GRAPH_MODULE.import(py, "torch.fx", "GraphModule")?.clone();
         let getitem = GETITEM
@@ -319,9 +321,17 @@ impl<'py> Extractor<'py> {
         })
     }
 
-    fn arg(&mut self, a: &Bound<'py, PyAny>, ctx: &NodeCtx<'_, 'py>, depth: usize) -> PyResult<Arg> {
+    fn arg(
+        &mut self,
+        a: &Bound<'py, PyAny>,
+        ctx: &NodeCtx<'_, 'py>,
+        depth: usize,
+    ) -> PyResult<Arg> {
         if depth > MAX_DEPTH {
-            return Err(node_error(ctx.node, "arguments nest too deeply (or contain themselves)"));
+            return Err(node_error(
+                ctx.node,
+                "arguments nest too deeply (or contain themselves)",
+            ));
         }
         let ty = type_ptr(a);
         if ty == self.t.node {
@@ -413,7 +423,10 @@ impl<'py> Extractor<'py> {
     pub fn loose_arg(&mut self, a: &Bound<'py, PyAny>) -> PyResult<Arg> {
         self.loose = Some(Vec::new());
         let index = FxHashMap::default();
-        let ctx = NodeCtx { index: &index, node: a };
+        let ctx = NodeCtx {
+            index: &index,
+            node: a,
+        };
         let v = self.arg(a, &ctx, 0)?;
         self.prog.n_consts = self.pool.objects.len() as u32;
         Ok(v)

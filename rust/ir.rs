@@ -180,6 +180,75 @@ impl Program {
         }
     }
 
+    /// Alias of [`Program::push_str`] for builders.
+    pub fn bytes_span(&mut self, s: &str) -> Span {
+        self.push_str(s)
+    }
+
+    pub fn tuple(&mut self, items: &[Arg]) -> Arg {
+        Arg::Tuple(self.push_args(items))
+    }
+
+    pub fn list(&mut self, items: &[Arg]) -> Arg {
+        Arg::List(self.push_args(items))
+    }
+
+    pub fn dict(&mut self, items: &[(Arg, Arg)]) -> Arg {
+        let flat: Vec<Arg> = items.iter().flat_map(|(k, v)| [*k, *v]).collect();
+        Arg::Dict(self.push_args(&flat))
+    }
+
+    /// Appends a graph and returns its index (the first one added is the root).
+    pub fn add_graph(&mut self) -> u32 {
+        self.graphs.push(Graph::default());
+        self.graphs.len() as u32 - 1
+    }
+
+    /// Appends a child module and returns its submodule index.
+    pub fn add_submod(&mut self, name: &str, kind: SubmodKind) -> u32 {
+        let name = self.push_str(name);
+        self.submods.push(Submod { name, kind });
+        self.submods.len() as u32 - 1
+    }
+
+    /// Appends a node to graph `g` and returns its index in that graph.
+    pub fn add_node(
+        &mut self,
+        g: u32,
+        op: Op,
+        name: &str,
+        target: Target,
+        args: &[Arg],
+        kwargs: &[(&str, Arg)],
+    ) -> u32 {
+        let name = self.push_str(name);
+        let args = self.push_args(args);
+        let kw: Vec<Arg> = kwargs
+            .iter()
+            .flat_map(|(k, v)| [Arg::Str(self.push_str(k)), *v])
+            .collect();
+        let kwargs = self.push_args(&kw);
+        let nodes = &mut self.graphs[g as usize].nodes;
+        nodes.push(Node {
+            op,
+            name,
+            target,
+            args,
+            kwargs,
+        });
+        nodes.len() as u32 - 1
+    }
+
+    /// Appends a placeholder named `name` (its parameter name too), with an optional default.
+    pub fn add_placeholder(&mut self, g: u32, name: &str, default: Option<Arg>) -> u32 {
+        let param = self.push_str(name);
+        let args: &[Arg] = match &default {
+            Some(d) => std::slice::from_ref(d),
+            None => &[],
+        };
+        self.add_node(g, Op::Placeholder, name, Target::Param(param), args, &[])
+    }
+
     pub fn submod_name(&self, i: u32) -> &str {
         self.str(self.submods[i as usize].name)
     }
@@ -382,6 +451,8 @@ impl Program {
 fn check_span(p: &Program, s: Span) -> Result<()> {
     match p.bytes.get(s.range()) {
         Some(b) if std::str::from_utf8(b).is_ok() => Ok(()),
-        _ => Err(Error::Invalid("string span out of range or not UTF-8".into())),
+        _ => Err(Error::Invalid(
+            "string span out of range or not UTF-8".into(),
+        )),
     }
 }

@@ -14,7 +14,11 @@ pub fn float(out: &mut String, v: f64) {
         return;
     }
     if v.is_infinite() {
-        out.push_str(if v > 0.0 { "float('inf')" } else { "float('-inf')" });
+        out.push_str(if v > 0.0 {
+            "float('inf')"
+        } else {
+            "float('-inf')"
+        });
         return;
     }
     if v == 0.0 {
@@ -132,7 +136,9 @@ fn escape_common(out: &mut String, c: u8, q: u8) -> bool {
 /// Writes a `str` literal (CPython's quote choice; every non-ASCII character escaped).
 pub fn str_repr(out: &mut String, s: &str) {
     let b = s.as_bytes();
-    if b.iter().all(|&c| (0x20..=0x7e).contains(&c) && c != b'\'' && c != b'\\') {
+    if b.iter()
+        .all(|&c| (0x20..=0x7e).contains(&c) && c != b'\'' && c != b'\\')
+    {
         out.reserve(b.len() + 2);
         out.push('\'');
         out.push_str(s);

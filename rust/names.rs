@@ -10,37 +10,170 @@ use crate::ir::{Graph, Program};
 /// Python 3.11's keywords and soft keywords are all lower-case ASCII; `_` is excluded here.
 const KEYWORDS: &[&str] = &[
     "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
-    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import", "in",
-    "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while", "with",
-    "yield", "match", "case",
+    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
+    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
+    "with", "yield", "match", "case",
 ];
 
 /// `dir(builtins)` on CPython 3.11.
 const BUILTINS: &[&str] = &[
-    "ArithmeticError", "AssertionError", "AttributeError", "BaseException", "BaseExceptionGroup",
-    "BlockingIOError", "BrokenPipeError", "BufferError", "BytesWarning", "ChildProcessError",
-    "ConnectionAbortedError", "ConnectionError", "ConnectionRefusedError", "ConnectionResetError",
-    "DeprecationWarning", "EOFError", "Ellipsis", "EncodingWarning", "EnvironmentError",
-    "Exception", "ExceptionGroup", "False", "FileExistsError", "FileNotFoundError",
-    "FloatingPointError", "FutureWarning", "GeneratorExit", "IOError", "ImportError",
-    "ImportWarning", "IndentationError", "IndexError", "InterruptedError", "IsADirectoryError",
-    "KeyError", "KeyboardInterrupt", "LookupError", "MemoryError", "ModuleNotFoundError",
-    "NameError", "None", "NotADirectoryError", "NotImplemented", "NotImplementedError", "OSError",
-    "OverflowError", "PendingDeprecationWarning", "PermissionError", "ProcessLookupError",
-    "RecursionError", "ReferenceError", "ResourceWarning", "RuntimeError", "RuntimeWarning",
-    "StopAsyncIteration", "StopIteration", "SyntaxError", "SyntaxWarning", "SystemError",
-    "SystemExit", "TabError", "TimeoutError", "True", "TypeError", "UnboundLocalError",
-    "UnicodeDecodeError", "UnicodeEncodeError", "UnicodeError", "UnicodeTranslateError",
-    "UnicodeWarning", "UserWarning", "ValueError", "Warning", "ZeroDivisionError",
-    "__build_class__", "__debug__", "__doc__", "__import__", "__loader__", "__name__",
-    "__package__", "__spec__", "abs", "aiter", "all", "anext", "any", "ascii", "bin", "bool",
-    "breakpoint", "bytearray", "bytes", "callable", "chr", "classmethod", "compile", "complex",
-    "copyright", "credits", "delattr", "dict", "dir", "divmod", "enumerate", "eval", "exec", "exit",
-    "filter", "float", "format", "frozenset", "getattr", "globals", "hasattr", "hash", "help", "hex",
-    "id", "input", "int", "isinstance", "issubclass", "iter", "len", "license", "list", "locals",
-    "map", "max", "memoryview", "min", "next", "object", "oct", "open", "ord", "pow", "print",
-    "property", "quit", "range", "repr", "reversed", "round", "set", "setattr", "slice", "sorted",
-    "staticmethod", "str", "sum", "super", "tuple", "type", "vars", "zip",
+    "ArithmeticError",
+    "AssertionError",
+    "AttributeError",
+    "BaseException",
+    "BaseExceptionGroup",
+    "BlockingIOError",
+    "BrokenPipeError",
+    "BufferError",
+    "BytesWarning",
+    "ChildProcessError",
+    "ConnectionAbortedError",
+    "ConnectionError",
+    "ConnectionRefusedError",
+    "ConnectionResetError",
+    "DeprecationWarning",
+    "EOFError",
+    "Ellipsis",
+    "EncodingWarning",
+    "EnvironmentError",
+    "Exception",
+    "ExceptionGroup",
+    "False",
+    "FileExistsError",
+    "FileNotFoundError",
+    "FloatingPointError",
+    "FutureWarning",
+    "GeneratorExit",
+    "IOError",
+    "ImportError",
+    "ImportWarning",
+    "IndentationError",
+    "IndexError",
+    "InterruptedError",
+    "IsADirectoryError",
+    "KeyError",
+    "KeyboardInterrupt",
+    "LookupError",
+    "MemoryError",
+    "ModuleNotFoundError",
+    "NameError",
+    "None",
+    "NotADirectoryError",
+    "NotImplemented",
+    "NotImplementedError",
+    "OSError",
+    "OverflowError",
+    "PendingDeprecationWarning",
+    "PermissionError",
+    "ProcessLookupError",
+    "RecursionError",
+    "ReferenceError",
+    "ResourceWarning",
+    "RuntimeError",
+    "RuntimeWarning",
+    "StopAsyncIteration",
+    "StopIteration",
+    "SyntaxError",
+    "SyntaxWarning",
+    "SystemError",
+    "SystemExit",
+    "TabError",
+    "TimeoutError",
+    "True",
+    "TypeError",
+    "UnboundLocalError",
+    "UnicodeDecodeError",
+    "UnicodeEncodeError",
+    "UnicodeError",
+    "UnicodeTranslateError",
+    "UnicodeWarning",
+    "UserWarning",
+    "ValueError",
+    "Warning",
+    "ZeroDivisionError",
+    "__build_class__",
+    "__debug__",
+    "__doc__",
+    "__import__",
+    "__loader__",
+    "__name__",
+    "__package__",
+    "__spec__",
+    "abs",
+    "aiter",
+    "all",
+    "anext",
+    "any",
+    "ascii",
+    "bin",
+    "bool",
+    "breakpoint",
+    "bytearray",
+    "bytes",
+    "callable",
+    "chr",
+    "classmethod",
+    "compile",
+    "complex",
+    "copyright",
+    "credits",
+    "delattr",
+    "dict",
+    "dir",
+    "divmod",
+    "enumerate",
+    "eval",
+    "exec",
+    "exit",
+    "filter",
+    "float",
+    "format",
+    "frozenset",
+    "getattr",
+    "globals",
+    "hasattr",
+    "hash",
+    "help",
+    "hex",
+    "id",
+    "input",
+    "int",
+    "isinstance",
+    "issubclass",
+    "iter",
+    "len",
+    "license",
+    "list",
+    "locals",
+    "map",
+    "max",
+    "memoryview",
+    "min",
+    "next",
+    "object",
+    "oct",
+    "open",
+    "ord",
+    "pow",
+    "print",
+    "property",
+    "quit",
+    "range",
+    "repr",
+    "reversed",
+    "round",
+    "set",
+    "setattr",
+    "slice",
+    "sorted",
+    "staticmethod",
+    "str",
+    "sum",
+    "super",
+    "tuple",
+    "type",
+    "vars",
+    "zip",
 ];
 
 /// Globals the generated module binds besides the builtins.
@@ -48,8 +181,23 @@ const MODULE_GLOBALS: &[&str] = &["torch", "operator", "__builtins__"];
 
 /// Builtins a call target may never name: they run code or reach outside the graph.
 const DENIED_CALLS: &[&str] = &[
-    "eval", "exec", "compile", "__import__", "open", "breakpoint", "input", "globals", "locals",
-    "vars", "exit", "quit", "help", "setattr", "delattr", "__build_class__", "__loader__",
+    "eval",
+    "exec",
+    "compile",
+    "__import__",
+    "open",
+    "breakpoint",
+    "input",
+    "globals",
+    "locals",
+    "vars",
+    "exit",
+    "quit",
+    "help",
+    "setattr",
+    "delattr",
+    "__build_class__",
+    "__loader__",
 ];
 
 pub fn is_keyword(s: &str) -> bool {
@@ -63,9 +211,9 @@ pub fn is_builtin(s: &str) -> bool {
 /// An ASCII Python identifier (`[A-Za-z_][A-Za-z0-9_]*`).
 pub fn is_identifier(s: &[u8]) -> bool {
     match s.first() {
-        Some(c) if c.is_ascii_alphabetic() || *c == b'_' => {
-            s[1..].iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
-        }
+        Some(c) if c.is_ascii_alphabetic() || *c == b'_' => s[1..]
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || *c == b'_'),
         _ => false,
     }
 }
@@ -80,7 +228,8 @@ pub fn check_call_name(name: &str) -> Result<(), String> {
             return Err(format!("call target {name:?} is not a dotted identifier"));
         }
     }
-    let rooted = root == "torch" || root == "operator" || (is_builtin(root) && parts.next().is_none());
+    let rooted =
+        root == "torch" || root == "operator" || (is_builtin(root) && parts.next().is_none());
     if !rooted || DENIED_CALLS.contains(&root) {
         return Err(format!("call target {name:?} is not allowed by name"));
     }
@@ -139,7 +288,11 @@ pub fn assign(p: &Program, g: &Graph, reserved: &Reserved) -> Names {
     used.reserve(n);
     let mut more: Vec<(u64, u32)> = Vec::new();
     let mut scratch = String::new();
-    let taken = |text: &str, spans: &[(u32, u32)], used: &FxHashMap<u64, u32>, more: &[(u64, u32)], s: &str| {
+    let taken = |text: &str,
+                 spans: &[(u32, u32)],
+                 used: &FxHashMap<u64, u32>,
+                 more: &[(u64, u32)],
+                 s: &str| {
         let h = hash_bytes(s.as_bytes());
         let hit = |idx: u32| {
             let (st, l) = spans[idx as usize];
@@ -167,12 +320,15 @@ pub fn assign(p: &Program, g: &Graph, reserved: &Reserved) -> Names {
                     scratch.push('_');
                 }
             }
-            if scratch.is_empty() {
-                scratch.push_str("_v");
+            // A suffix cannot un-reserve a name that starts with the layout prefix.
+            if scratch.is_empty() || scratch.starts_with(reserved.prefix) {
+                scratch.insert_str(0, "v");
             }
             let base_len = scratch.len();
             let mut k = 0u64;
-            while reserved.is_reserved(&scratch) || taken(&out.text, &out.spans, &used, &more, &scratch) {
+            while reserved.is_reserved(&scratch)
+                || taken(&out.text, &out.spans, &used, &more, &scratch)
+            {
                 k += 1;
                 scratch.truncate(base_len);
                 scratch.push('_');
@@ -205,6 +361,39 @@ mod tests {
         let mut v = BUILTINS.to_vec();
         v.sort_unstable();
         assert_eq!(v, BUILTINS);
+    }
+
+    #[test]
+    fn reserved_prefixes_are_renamed_without_looping() {
+        use crate::ir::{Op, Program, Target};
+        let mut p = Program::default();
+        let g = p.add_graph();
+        for n in [
+            "__fx_c0", "__fx_c0", "v__fx_c0", "torch", "torch_1", "", "9x", "class", "f",
+        ] {
+            let t = p.push_str(n);
+            p.add_node(g, Op::Placeholder, n, Target::Param(t), &[], &[]);
+        }
+        let r = Reserved {
+            prefix: "__fx_",
+            fn_name: "f",
+        };
+        let names = assign(&p, &p.graphs[0], &r);
+        let got: Vec<&str> = (0..9).map(|i| names.get(i)).collect();
+        assert_eq!(
+            got,
+            [
+                "v__fx_c0",
+                "v__fx_c0_1",
+                "v__fx_c0_2",
+                "torch_1",
+                "torch_1_1",
+                "v",
+                "_9x",
+                "class_1",
+                "f_1"
+            ]
+        );
     }
 
     #[test]

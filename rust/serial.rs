@@ -337,7 +337,9 @@ pub fn read(data: &[u8]) -> Result<Program> {
     r.pos = 4;
     let version = r.u8()?;
     if version != VERSION {
-        return r.err(format!("unsupported format version {version} (this reads {VERSION})"));
+        return r.err(format!(
+            "unsupported format version {version} (this reads {VERSION})"
+        ));
     }
     let n_consts = r.varint()?;
     if n_consts > u32::MAX as u64 {
@@ -367,7 +369,9 @@ pub fn read(data: &[u8]) -> Result<Program> {
         return r.err("no graphs");
     }
     if let Some(g) = inline_graphs.iter().find(|&&g| g >= n_graphs as u64) {
-        return r.err(format!("submodule inlines graph {g}, beyond the {n_graphs} graphs"));
+        return r.err(format!(
+            "submodule inlines graph {g}, beyond the {n_graphs} graphs"
+        ));
     }
     for _ in 0..n_graphs {
         let n_nodes = r.count(4)?;

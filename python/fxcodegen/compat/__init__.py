@@ -1,0 +1,1 @@
+"""Drop-in surfaces for other projects' codegen modules."""

@@ -1,0 +1,257 @@
+//! Golden tests of the emitter: small programs and their exact source.
+
+use crate::emit::{Layout, Style};
+use crate::ir::{Arg, Op, Program, SubmodKind, Target};
+
+macro_rules! assert_emits {
+    ($prog:expr, $layout:expr, $want:expr) => {{
+        let got = crate::codegen(&$prog, &$layout).expect("codegen");
+        assert_eq!(got, $want, "\n--- got ---\n{got}\n--- want ---\n{}", $want);
+    }};
+}
+
+fn native() -> Layout<'static> {
+    Layout::native()
+}
+
+fn vllm() -> Layout<'static> {
+    Layout {
+        style: Style::Vllm,
+        ..Layout::native()
+    }
+}
+
+/// x, s0 -> submod_0(x, s0, scale=0.5, sizes=[s0]) -> [0] -> submod_1(...) -> output
+fn stitching() -> Program {
+    let mut p = Program::default();
+    let g = p.add_graph();
+    let s0 = p.add_submod("submod_0", SubmodKind::Opaque);
+    let s1 = p.add_submod("submod_1", SubmodKind::Opaque);
+    let x = p.add_placeholder(g, "x", None);
+    let n = p.add_placeholder(g, "s0", None);
+    let sizes = p.list(&[Arg::Node(n)]);
+    let a = p.add_node(
+        g,
+        Op::CallModule,
+        "submod_0",
+        Target::Submod(s0),
+        &[Arg::Node(x), Arg::Node(n)],
+        &[("scale", Arg::Float(0.5)), ("sizes", sizes)],
+    );
+    let b = p.add_node(
+        g,
+        Op::CallFunction,
+        "getitem",
+        Target::Getitem,
+        &[Arg::Node(a), Arg::Int(0)],
+        &[],
+    );
+    let c = p.add_node(
+        g,
+        Op::CallModule,
+        "submod_1",
+        Target::Submod(s1),
+        &[Arg::Node(b), Arg::Node(x)],
+        &[],
+    );
+    let out = p.tuple(&[Arg::Node(c)]);
+    p.add_node(g, Op::Output, "output", Target::None, &[out], &[]);
+    p
+}
+
+#[test]
+fn stitching_native() {
+    assert_emits!(
+        stitching(),
+        native(),
+        "import torch\nimport operator\n\ndef execution_fn(x, s0):\n    submod_0 = __fx_s0(x, s0, scale=0.5, sizes=[s0])\n    del s0\n    getitem = submod_0[0]\n    del submod_0\n    submod_1 = __fx_s1(getitem, x)\n    del x, getitem\n    return (submod_1,)\n"
+    );
+}
+
+#[test]
+fn stitching_vllm() {
+    assert_emits!(
+        stitching(),
+        vllm(),
+        "import torch\nimport operator\n\ndef execution_fn(x, s0, *, __vllm_submods__):\n    submod_0 = __vllm_submods__[0](x, s0, scale=0.5, sizes=[s0])\n    del s0\n    getitem = submod_0[0]\n    del submod_0\n    submod_1 = __vllm_submods__[1](getitem, x)\n    del x, getitem\n    return (submod_1,)\n"
+    );
+}
+
+#[test]
+fn inlined_child_with_renamed_params_and_keywords() {
+    let mut p = Program::default();
+    let root = p.add_graph();
+    let child = p.add_graph();
+    let sm = p.add_submod("submod_0", SubmodKind::Inline(child));
+    // The child: def (torch, y=2): return torch.ops.aten.mul.Tensor(torch, y)
+    let t = p.add_placeholder(child, "torch", None);
+    let y = p.add_placeholder(child, "y", Some(Arg::Int(2)));
+    let name = p.bytes_span("torch.ops.aten.mul.Tensor");
+    let m = p.add_node(
+        child,
+        Op::CallFunction,
+        "mul",
+        Target::Name(name),
+        &[Arg::Node(t), Arg::Node(y)],
+        &[],
+    );
+    p.add_node(
+        child,
+        Op::Output,
+        "output",
+        Target::None,
+        &[Arg::Node(m)],
+        &[],
+    );
+    let x = p.add_placeholder(root, "x", None);
+    let c = p.add_node(
+        root,
+        Op::CallModule,
+        "submod_0",
+        Target::Submod(sm),
+        &[],
+        &[
+            ("torch", Arg::Node(x)),
+            ("y", Arg::Int(3)),
+            ("not a param", Arg::None),
+        ],
+    );
+    p.add_node(
+        root,
+        Op::Output,
+        "output",
+        Target::None,
+        &[Arg::Node(c)],
+        &[],
+    );
+    assert_emits!(
+        p,
+        native(),
+        "import torch\nimport operator\n\ndef __fx_f0(torch_1, y=2):\n    mul = torch.ops.aten.mul.Tensor(torch_1, y)\n    del torch_1, y\n    return mul\n\ndef execution_fn(x):\n    submod_0 = __fx_f0(torch_1=x, y=3, **{'not a param': None})\n    del x\n    return submod_0\n"
+    );
+}
+
+#[test]
+fn literals_and_pool() {
+    let mut p = Program::default();
+    p.n_consts = 2;
+    let g = p.add_graph();
+    let big = p.bytes_span("-123456789012345678901234567890");
+    let s = p.bytes_span("it's \"q\"\n");
+    let b = p.push_bytes(b"\x00\xffab");
+    let one = p.tuple(&[Arg::Int(1)]);
+    let k = Arg::Str(p.bytes_span("k"));
+    let d = p.dict(&[(k, Arg::Float(f64::NEG_INFINITY))]);
+    let args = [
+        Arg::None,
+        Arg::Bool(true),
+        Arg::Int(-7),
+        Arg::BigInt(big),
+        Arg::Float(-0.0),
+        Arg::Float(f64::NAN),
+        Arg::Float(1e-5),
+        Arg::Str(s),
+        Arg::Bytes(b),
+        Arg::Const(1),
+        one,
+        d,
+    ];
+    let f = p.add_node(
+        g,
+        Op::CallFunction,
+        "f",
+        Target::Const(0),
+        &args,
+        &[("class", Arg::Int(1))],
+    );
+    p.add_node(g, Op::Output, "output", Target::None, &[Arg::Node(f)], &[]);
+    assert_emits!(
+        p,
+        native(),
+        "import torch\nimport operator\n\ndef execution_fn():\n    f = __fx_c0(None, True, -7, -123456789012345678901234567890, -0.0, float('nan'), 1e-05, 'it\\'s \"q\"\\n', b'\\x00\\xffab', __fx_c1, (1,), {'k': float('-inf')}, **{'class': 1})\n    return f\n"
+    );
+}
+
+#[test]
+fn unused_values_and_methods_and_get_attr() {
+    let mut p = Program::default();
+    p.n_consts = 1;
+    let g = p.add_graph();
+    let x = p.add_placeholder(g, "x", None);
+    let _unused = p.add_placeholder(g, "unused", None);
+    let w = p.add_node(g, Op::GetAttr, "w", Target::Const(0), &[], &[]);
+    let m = p.bytes_span("add");
+    let a = p.add_node(
+        g,
+        Op::CallMethod,
+        "add",
+        Target::Method(m),
+        &[Arg::Node(x), Arg::Node(w)],
+        &[],
+    );
+    let m2 = p.bytes_span("bit_length");
+    let _dead = p.add_node(
+        g,
+        Op::CallMethod,
+        "dead",
+        Target::Method(m2),
+        &[Arg::Int(5)],
+        &[],
+    );
+    p.add_node(g, Op::Output, "output", Target::None, &[Arg::Node(x)], &[]);
+    let _ = a;
+    assert_emits!(
+        p,
+        native(),
+        "import torch\nimport operator\n\ndef execution_fn(x, unused):\n    del unused\n    w = __fx_c0\n    add = x.add(w)\n    del w, add\n    dead = (5).bit_length()\n    del dead\n    return x\n"
+    );
+}
+
+#[test]
+fn layout_errors() {
+    let p = stitching();
+    let no_submod = Layout {
+        with_submod: false,
+        ..vllm()
+    };
+    let e = crate::codegen(&p, &no_submod).unwrap_err().to_string();
+    assert!(e.contains("call_module is not allowed"), "{e}");
+    assert!(e.contains("submod_0"), "{e}");
+    let bad_name = Layout {
+        fn_name: "lambda",
+        ..native()
+    };
+    assert!(crate::codegen(&p, &bad_name).is_err());
+}
+
+#[test]
+fn validation_names_the_node() {
+    let mut p = Program::default();
+    let g = p.add_graph();
+    let bad = p.bytes_span("x); import os; (");
+    p.add_node(
+        g,
+        Op::CallMethod,
+        "evil",
+        Target::Method(bad),
+        &[Arg::None],
+        &[],
+    );
+    let e = p.validate().unwrap_err().to_string();
+    assert!(e.contains("\"evil\"") && e.contains("call_method"), "{e}");
+    let mut p = Program::default();
+    let g = p.add_graph();
+    p.add_node(
+        g,
+        Op::CallFunction,
+        "fwd",
+        Target::Getitem,
+        &[Arg::Node(3)],
+        &[],
+    );
+    assert!(p
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("not an earlier value"));
+}
