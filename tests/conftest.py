@@ -1,0 +1,70 @@
+"""Shared helpers for the codegen tests (kept small: other test files live here too)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import fx
+
+SURFACES = ("native", "vllm")
+
+
+def raw_gm(graph: fx.Graph, root: torch.nn.Module | None = None) -> fx.GraphModule:
+    """A GraphModule around ``graph``. When fx's own codegen rejects the graph (fxcodegen must
+    handle some such graphs, e.g. keyword-named kwargs), the module is built without it: its
+    ``forward`` is then unusable, but its graph and children are what fxcodegen reads."""
+    root = root if root is not None else torch.nn.Module()
+    try:
+        return fx.GraphModule(root, graph)
+    except Exception:  # noqa: BLE001 - any failure of fx's codegen
+        pass
+    gm = fx.GraphModule(root, fx.Graph())
+    for node in graph.nodes:
+        target = node.target
+        if node.op in ("call_module", "get_attr") and "." not in target and hasattr(root, target):
+            setattr(gm, node.target, getattr(root, node.target))
+    gm._graph = graph
+    graph.owning_module = gm
+    return gm
+
+
+def opaque_children(gm: fx.GraphModule, names: list[str]) -> dict[str, Any]:
+    out = {}
+    for name in names:
+        child = gm.get_submodule(name)
+        if not isinstance(child, fx.GraphModule):
+            out[name] = child
+    return out
+
+
+def compile_surface(gm: fx.GraphModule, surface: str) -> Callable[..., Any]:
+    """Generate and compile ``gm`` through the native API or the vLLM compat surface."""
+    if surface == "native":
+        import fxcodegen
+
+        gen = fxcodegen.generate(gm)
+        return fxcodegen.compile_execution_fn(
+            gen.code, opaque_children(gm, gen.submod_names), gen.submod_names, gen.consts
+        )
+    from fxcodegen.compat import vllm
+
+    code, names, consts = vllm.generate_execution_code(gm)
+    return vllm.compile_execution_fn(code, opaque_children(gm, names), names, consts)
+
+
+def generate_surface(gm: fx.GraphModule, surface: str) -> tuple[str, list[str], list[Any]]:
+    if surface == "native":
+        import fxcodegen
+
+        return tuple(fxcodegen.generate(gm))  # type: ignore[return-value]
+    from fxcodegen.compat import vllm
+
+    return vllm.generate_execution_code(gm)
+
+
+@pytest.fixture(params=SURFACES)
+def surface(request: pytest.FixtureRequest) -> str:
+    return request.param
