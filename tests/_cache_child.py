@@ -33,9 +33,8 @@ class _Collect(logging.Handler):
 
 def main() -> int:
     cfg = json.loads(sys.argv[1])
-    import torch
-
     import fxcodegen
+    import torch
     from fxcodegen.toy import ATTENTION_OP, make_decoder
 
     collect = _Collect()

@@ -152,8 +152,13 @@ def _device_factors(gm: torch.fx.GraphModule) -> dict[str, Any]:
     """What the compiled code depends on about the machine: the CPU's vector ISA (Inductor's
     C++ kernels are built for it) and, for CUDA inputs, the CUDA version and capabilities."""
     out: dict[str, Any] = {"cpu_capability": str(torch.backends.cpu.get_cpu_capability())}
-    devices = sorted({v.device for v in fake_args(gm) if isinstance(v, torch.Tensor)}, key=str)
-    cuda = [d for d in devices if d.type == "cuda"]
+    devices = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            v = node.meta.get("example_value", node.meta.get("val"))
+            if isinstance(v, torch.Tensor):
+                devices.add(v.device)
+    cuda = sorted((d for d in devices if d.type == "cuda"), key=str)
     if cuda:
         out["cuda"] = str(torch.version.cuda)
         out["cuda_capability"] = {str(d): list(torch.cuda.get_device_capability(d)) for d in cuda}

@@ -301,13 +301,21 @@ def _short(value: Any, limit: int = 48) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def explain_difference(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[str]:
-    """The top-level factors that differ, each as ``"name: THEIRS -> MINE"``."""
+def explain_difference(
+    mine: Mapping[str, Any], theirs: Mapping[str, Any], prefix: str = ""
+) -> list[str]:
+    """The factors that differ, each as ``"name: THEIRS -> MINE"``; factors that are
+    mappings on both sides are compared member by member (``"extra.pieces.submod_2: ..."``),
+    so a miss names the piece or the value that changed."""
     out = []
     for name in sorted(set(mine) | set(theirs)):
         a, b = theirs.get(name, "<absent>"), mine.get(name, "<absent>")
-        if a != b:
-            out.append(f"{name}: {_short(a)} -> {_short(b)}")
+        if a == b:
+            continue
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += explain_difference(b, a, f"{prefix}{name}.")
+        else:
+            out.append(f"{prefix}{name}: {_short(a)} -> {_short(b)}")
     return out
 
 
