@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 import torch
 from torch import fx
 
@@ -63,8 +62,3 @@ def generate_surface(gm: fx.GraphModule, surface: str) -> tuple[str, list[str], 
     from fxcodegen.compat import vllm
 
     return vllm.generate_execution_code(gm)
-
-
-@pytest.fixture(params=SURFACES)
-def surface(request: pytest.FixtureRequest) -> str:
-    return request.param
