@@ -387,8 +387,15 @@ def machine() -> dict[str, Any]:
     }
     if fxcodegen_error() is None:
         import fxcodegen
+        from fxcodegen import _core
 
         info["fxcodegen"] = fxcodegen.__version__
+        st = os.stat(_core.__file__)
+        info["core"] = {
+            "file": os.path.basename(_core.__file__),
+            "bytes": st.st_size,
+            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st.st_mtime)),
+        }
     return info
 
 
