@@ -406,8 +406,18 @@ class Backend:
             record.cache = "untrusted"
             return None
         t0 = time.perf_counter()
-        factors, stable = self.cache_factors(split_gm, to_compile)
-        key = compute_key(factors)
+        try:
+            factors, stable = self.cache_factors(split_gm, to_compile)
+            key = compute_key(factors)
+        except Exception as e:  # noqa: BLE001 - the cache must never break compiling
+            log.warning(
+                "fxcodegen cache: graph %d not cached: cannot compute its key (%s: %s)",
+                record.index,
+                type(e).__name__,
+                e,
+            )
+            record.cache = "unkeyable"
+            return None
         record.key_s = time.perf_counter() - t0
         if not stable:
             log.info(
