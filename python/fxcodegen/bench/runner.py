@@ -398,6 +398,8 @@ def machine() -> dict[str, Any]:
             "file": os.path.basename(_core.__file__),
             "bytes": st.st_size,
             "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st.st_mtime)),
+            # Set by the core if it says how it was built (not every build does).
+            "debug_assertions": getattr(_core, "__debug_build__", None),
         }
     return info
 
