@@ -1,6 +1,8 @@
 //! The emitter: a validated [`Program`] in, Python source out. It cannot fail; everything it
 //! relies on was checked by [`Program::validate`] and [`check_layout`].
 
+use rustc_hash::FxHashMap;
+
 use crate::error::{Error, Result};
 use crate::ir::{Arg, Graph, Node, Op, Program, Span, SubmodKind, Target};
 use crate::literal;
@@ -106,7 +108,9 @@ pub fn emit(p: &Program, layout: &Layout) -> String {
     let mut e = Emitter {
         p,
         layout,
-        out: String::with_capacity(64 + nodes * 48),
+        out: String::with_capacity(256 + nodes * 40 + p.text.len() * 2),
+        floats: FxHashMap::default(),
+        float_text: String::new(),
     };
     if layout.header {
         e.out.push_str("import torch\nimport operator\n");
@@ -136,6 +140,8 @@ pub fn format_arg(p: &Program, arg: &Arg, names: &Names, style: Style) -> String
         p,
         layout: &layout,
         out: String::new(),
+        floats: FxHashMap::default(),
+        float_text: String::new(),
     };
     e.arg(arg, names);
     e.out
@@ -151,6 +157,24 @@ struct Emitter<'a> {
     p: &'a Program,
     layout: &'a Layout<'a>,
     out: String,
+    floats: FxHashMap<u64, (u32, u32)>,
+    float_text: String,
+}
+
+/// The identifier a keyword argument is passed under, or None to pass it through `**{...}`.
+fn kw_ident<'s>(
+    p: &'s Program,
+    key: &'s str,
+    callee: Option<(&Graph, &'s Names)>,
+) -> Option<&'s str> {
+    match callee {
+        Some((g, cn)) => g
+            .nodes
+            .iter()
+            .position(|c| matches!(c.target, Target::Param(ps) if p.str(ps) == key))
+            .map(|ci| cn.get(ci as u32)),
+        None => (names::is_identifier(key.as_bytes()) && !names::is_keyword(key)).then_some(key),
+    }
 }
 
 impl Emitter<'_> {
@@ -291,7 +315,15 @@ impl Emitter<'_> {
                 self.call_args(node.args, node.kwargs, callee, names);
                 self.out.push('\n');
             }
-            (Op::CallFunction, Target::Getitem) if node.args.len == 2 && node.kwargs.len == 0 => {
+            (Op::CallFunction, Target::Getitem)
+                if node.args.len == 2
+                    && node.kwargs.len == 0
+                    // `None[0]`, `True[0]`, `1[0]` compile with a SyntaxWarning: call instead.
+                    && !matches!(
+                        p.args[node.args.start as usize],
+                        Arg::None | Arg::Bool(_) | Arg::Int(_) | Arg::BigInt(_) | Arg::Float(_)
+                    ) =>
+            {
                 self.lhs(j, names);
                 let a = &p.args[node.args.start as usize..][..2];
                 self.receiver(&a[0], names);
@@ -358,29 +390,22 @@ impl Emitter<'_> {
             self.out.push(')');
             return;
         }
-        let callee_names = callee.map(|g| (g, names::assign(p, g, &self.layout.reserved())));
-        let kw_ident = |key: &str| -> Option<String> {
-            match &callee_names {
-                Some((g, cn)) => g
-                    .nodes
-                    .iter()
-                    .position(|c| matches!(c.target, Target::Param(ps) if p.str(ps) == key))
-                    .map(|ci| cn.get(ci as u32).to_string()),
-                None => (names::is_identifier(key.as_bytes()) && !names::is_keyword(key))
-                    .then(|| key.to_string()),
-            }
-        };
+        let callee_names = callee.map(|g| names::assign(p, g, &self.layout.reserved()));
+        let callee = callee.zip(callee_names.as_ref());
         let kw = &p.args[kwargs.range()];
         let mut odd = 0;
         for pair in kw.chunks_exact(2) {
-            let Arg::Str(key) = pair[0] else { continue };
-            match kw_ident(p.str(key)) {
+            let Arg::Str(key) = pair[0] else {
+                odd += 1;
+                continue;
+            };
+            match kw_ident(p, p.str(key), callee) {
                 Some(id) => {
                     if !first {
                         self.out.push_str(", ");
                     }
                     first = false;
-                    self.out.push_str(&id);
+                    self.out.push_str(id);
                     self.out.push('=');
                     self.arg(&pair[1], names);
                 }
@@ -394,21 +419,38 @@ impl Emitter<'_> {
             self.out.push_str("**{");
             let mut k = 0;
             for pair in kw.chunks_exact(2) {
-                let Arg::Str(key) = pair[0] else { continue };
-                if kw_ident(p.str(key)).is_some() {
-                    continue;
+                if let Arg::Str(key) = pair[0] {
+                    if kw_ident(p, p.str(key), callee).is_some() {
+                        continue;
+                    }
                 }
                 if k > 0 {
                     self.out.push_str(", ");
                 }
                 k += 1;
-                literal::str_repr(&mut self.out, p.str(key));
+                self.arg(&pair[0], names);
                 self.out.push_str(": ");
                 self.arg(&pair[1], names);
             }
             self.out.push('}');
         }
         self.out.push(')');
+    }
+
+    /// Floats repeat (scales, epsilons): each distinct bit pattern is formatted once.
+    fn float(&mut self, v: f64) {
+        let bits = v.to_bits();
+        if let Some(&(s, l)) = self.floats.get(&bits) {
+            self.out
+                .push_str(&self.float_text[s as usize..(s + l) as usize]);
+            return;
+        }
+        let start = self.float_text.len();
+        literal::float(&mut self.float_text, v);
+        let text = &self.float_text[start..];
+        self.out.push_str(text);
+        self.floats
+            .insert(bits, (start as u32, (self.float_text.len() - start) as u32));
     }
 
     fn items(&mut self, s: Span, names: &Names) {
@@ -428,7 +470,7 @@ impl Emitter<'_> {
             Arg::Bool(b) => self.out.push_str(if b { "True" } else { "False" }),
             Arg::Int(v) => literal::int(&mut self.out, v),
             Arg::BigInt(s) => self.out.push_str(p.str(s)),
-            Arg::Float(v) => literal::float(&mut self.out, v),
+            Arg::Float(v) => self.float(v),
             Arg::Str(s) => literal::str_repr(&mut self.out, p.str(s)),
             Arg::Bytes(s) => literal::bytes_repr(&mut self.out, p.raw(s)),
             Arg::Const(k) => self.const_ref(k),

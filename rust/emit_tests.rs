@@ -133,8 +133,10 @@ fn inlined_child_with_renamed_params_and_keywords() {
 
 #[test]
 fn literals_and_pool() {
-    let mut p = Program::default();
-    p.n_consts = 2;
+    let mut p = Program {
+        n_consts: 2,
+        ..Program::default()
+    };
     let g = p.add_graph();
     let big = p.bytes_span("-123456789012345678901234567890");
     let s = p.bytes_span("it's \"q\"\n");
@@ -174,8 +176,10 @@ fn literals_and_pool() {
 
 #[test]
 fn unused_values_and_methods_and_get_attr() {
-    let mut p = Program::default();
-    p.n_consts = 1;
+    let mut p = Program {
+        n_consts: 1,
+        ..Program::default()
+    };
     let g = p.add_graph();
     let x = p.add_placeholder(g, "x", None);
     let _unused = p.add_placeholder(g, "unused", None);

@@ -29,12 +29,12 @@ pub enum Arg {
     None,
     Bool(bool),
     Int(i64),
-    /// An int beyond i64, as decimal text (`-?[0-9]+`) in the byte arena.
+    /// An int beyond i64, as decimal text (`-?[0-9]+`) in [`Program::text`].
     BigInt(Span),
     Float(f64),
-    /// UTF-8 text in the byte arena.
+    /// Text in [`Program::text`].
     Str(Span),
-    /// Raw bytes in the byte arena.
+    /// Raw bytes in [`Program::blobs`].
     Bytes(Span),
     /// A constant-pool slot.
     Const(u32),
@@ -86,7 +86,8 @@ pub enum Target {
     Method(Span),
 }
 
-/// One node; `args` and `kwargs` are spans of [`Program::args`], kwargs as `Str(key), value` pairs.
+/// One node; `args` and `kwargs` are spans of [`Program::args`], kwargs as `key, value` pairs
+/// where a key is `Str`, or `Const` for a key text cannot hold (a lone surrogate).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Node {
     pub op: Op,
@@ -124,8 +125,11 @@ pub const MAX_DEPTH: usize = 64;
 /// Graphs, children and arenas: everything the emitter reads.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Program {
-    /// Text and bytes of every string in the program.
-    pub bytes: Vec<u8>,
+    /// Every text of the program (names, targets, str values): valid UTF-8 by construction, so
+    /// a text span needs only a bounds and char-boundary check.
+    pub text: String,
+    /// The contents of `bytes` values.
+    pub blobs: Vec<u8>,
     /// Elements of every container and every node's args and kwargs.
     pub args: Vec<Arg>,
     /// `graphs[0]` is the root; an inlined child's graph always has a larger index than its caller.
@@ -137,20 +141,20 @@ pub struct Program {
 }
 
 impl Program {
-    /// Text of a span created by [`Program::push_str`].
+    /// Text of a span created by [`Program::push_str`] ("" for a span that is not one, which
+    /// [`Program::validate`] rejects).
     pub fn str(&self, s: Span) -> &str {
-        let b = &self.bytes[s.range()];
-        debug_assert!(std::str::from_utf8(b).is_ok());
-        std::str::from_utf8(b).unwrap_or("")
+        self.text.get(s.range()).unwrap_or("")
     }
 
+    /// Bytes of a span created by [`Program::push_bytes`].
     pub fn raw(&self, s: Span) -> &[u8] {
-        &self.bytes[s.range()]
+        self.blobs.get(s.range()).unwrap_or(&[])
     }
 
     pub fn push_bytes(&mut self, b: &[u8]) -> Span {
-        let start = self.bytes.len() as u32;
-        self.bytes.extend_from_slice(b);
+        let start = self.blobs.len() as u32;
+        self.blobs.extend_from_slice(b);
         Span {
             start,
             len: b.len() as u32,
@@ -158,7 +162,12 @@ impl Program {
     }
 
     pub fn push_str(&mut self, s: &str) -> Span {
-        self.push_bytes(s.as_bytes())
+        let start = self.text.len() as u32;
+        self.text.push_str(s);
+        Span {
+            start,
+            len: s.len() as u32,
+        }
     }
 
     /// Reserves `n` argument slots (filled later with [`Program::args`] writes).
@@ -289,6 +298,31 @@ impl Program {
         }
     }
 
+    /// [`Program::validate`] plus the rules for programs from untrusted bytes: call names
+    /// limited to `torch.ops`, safe `operator` functions and safe builtins, and no method whose
+    /// name starts with `_` (no dunder access).
+    pub fn validate_untrusted(&self) -> Result<()> {
+        self.validate()?;
+        for g in &self.graphs {
+            for node in &g.nodes {
+                match node.target {
+                    Target::Name(s) => {
+                        names::check_untrusted_call_name(self.str(s))
+                            .map_err(|why| self.node_error(node, why))?;
+                    }
+                    Target::Method(s) if self.str(s).starts_with('_') => {
+                        return Err(self.node_error(
+                            node,
+                            "methods starting with '_' are not allowed in untrusted input",
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Checks every rule the emitter relies on; a program that passes emits valid Python.
     pub fn validate(&self) -> Result<()> {
         if self.graphs.is_empty() {
@@ -312,7 +346,34 @@ impl Program {
     }
 
     fn validate_graph(&self, gi: u32, g: &Graph) -> Result<()> {
+        self.check_shapes(gi)?;
+        for (j, node) in g.nodes.iter().enumerate() {
+            self.validate_args(node, node.args, j as u32, &g.nodes, 0)?;
+            for k in (node.kwargs.start..node.kwargs.start + node.kwargs.len).step_by(2) {
+                match self.args[k as usize] {
+                    Arg::Str(s) => check_span(self, s)?,
+                    Arg::Const(c) if c < self.n_consts => {}
+                    _ => {
+                        return Err(
+                            self.node_error(node, "a keyword argument's key is not a string")
+                        )
+                    }
+                }
+            }
+            self.validate_args(node, node.kwargs, j as u32, &g.nodes, 0)?;
+        }
+        Ok(())
+    }
+
+    /// The per-node rules that do not look inside arguments: op/target agreement, names,
+    /// placeholder defaults, output position, spans in range. A reader that builds arguments
+    /// only from earlier nodes, existing pool slots and its own strings (the torch.fx reader)
+    /// needs only this; [`Program::validate`] adds the argument checks.
+    pub fn check_shapes(&self, gi: u32) -> Result<()> {
+        let g = &self.graphs[gi as usize];
         let mut seen_default = false;
+        // Call names repeat across nodes: check each distinct text once.
+        let mut good_names: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
         for (j, node) in g.nodes.iter().enumerate() {
             check_span(self, node.name)?;
             let bad = |why: String| self.node_error(node, why);
@@ -325,7 +386,7 @@ impl Program {
             match (node.op, node.target) {
                 (Op::Placeholder, Target::Param(p)) => {
                     check_span(self, p)?;
-                    if self.raw(p).first() == Some(&b'*') {
+                    if self.str(p).starts_with('*') {
                         return Err(bad("variadic placeholders are not supported".into()));
                     }
                     if node.args.len > 1 || node.kwargs.len > 0 {
@@ -351,8 +412,10 @@ impl Program {
                 },
                 (Op::CallFunction, Target::Name(s)) => {
                     check_span(self, s)?;
-                    if let Err(why) = names::check_call_name(self.str(s)) {
-                        return Err(bad(why));
+                    let text = self.str(s);
+                    if !good_names.contains(text) {
+                        names::check_call_name(text).map_err(bad)?;
+                        good_names.insert(text);
                     }
                 }
                 (Op::CallFunction, Target::Getitem) => {}
@@ -363,7 +426,9 @@ impl Program {
                 }
                 (Op::CallMethod, Target::Method(s)) => {
                     check_span(self, s)?;
-                    if !names::is_identifier(self.raw(s)) || names::is_keyword(self.str(s)) {
+                    if !names::is_identifier(self.str(s).as_bytes())
+                        || names::is_keyword(self.str(s))
+                    {
                         return Err(bad("the method name is not a Python identifier".into()));
                     }
                     if node.args.len == 0 {
@@ -385,14 +450,6 @@ impl Program {
             if node.op == Op::GetAttr && (node.args.len > 0 || node.kwargs.len > 0) {
                 return Err(bad("get_attr takes no arguments".into()));
             }
-            self.validate_args(node, node.args, j as u32, &g.nodes, 0)?;
-            for k in (node.kwargs.start..node.kwargs.start + node.kwargs.len).step_by(2) {
-                match self.args[k as usize] {
-                    Arg::Str(s) => check_span(self, s)?,
-                    _ => return Err(bad("a keyword argument's key is not a string".into())),
-                }
-            }
-            self.validate_args(node, node.kwargs, j as u32, &g.nodes, 0)?;
         }
         Ok(())
     }
@@ -410,24 +467,22 @@ impl Program {
         }
         for a in &self.args[span.range()] {
             match *a {
-                Arg::Node(i) => {
-                    if i >= pos || nodes[i as usize].op == Op::Output {
-                        return Err(self.node_error(
-                            node,
-                            format!("argument refers to node #{i}, which is not an earlier value"),
-                        ));
-                    }
+                Arg::Node(i) if i >= pos || nodes[i as usize].op == Op::Output => {
+                    return Err(self.node_error(
+                        node,
+                        format!("argument refers to node #{i}, which is not an earlier value"),
+                    ));
                 }
                 Arg::BigInt(s) => {
                     check_span(self, s)?;
-                    let t = self.raw(s);
+                    let t = self.str(s).as_bytes();
                     let digits = t.strip_prefix(b"-").unwrap_or(t);
                     if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
                         return Err(self.node_error(node, "malformed integer text"));
                     }
                 }
                 Arg::Str(s) => check_span(self, s)?,
-                Arg::Bytes(s) if s.range().end > self.bytes.len() => {
+                Arg::Bytes(s) if s.range().end > self.blobs.len() => {
                     return Err(self.node_error(node, "bytes span out of range"))
                 }
                 Arg::Const(k) if k >= self.n_consts => {
@@ -449,10 +504,10 @@ impl Program {
 }
 
 fn check_span(p: &Program, s: Span) -> Result<()> {
-    match p.bytes.get(s.range()) {
-        Some(b) if std::str::from_utf8(b).is_ok() => Ok(()),
-        _ => Err(Error::Invalid(
-            "string span out of range or not UTF-8".into(),
+    match p.text.get(s.range()) {
+        Some(_) => Ok(()),
+        None => Err(Error::Invalid(
+            "text span out of range or not on character boundaries".into(),
         )),
     }
 }

@@ -60,6 +60,10 @@ mod core_ext {
             .collect()
     }
 
+    fn submod_list<'py>(py: Python<'py>, p: &crate::Program) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, (0..p.submods.len() as u32).map(|i| p.submod_name(i)))
+    }
+
     /// generate(gm, resolver, style="native", fn_name="execution_fn", with_submod=True,
     /// consts=None, const_index=None, header=True) -> (code, submod_names, consts)
     #[pyfunction]
@@ -75,7 +79,7 @@ mod core_ext {
         consts: Option<&Bound<'py, PyList>>,
         const_index: Option<&Bound<'py, PyDict>>,
         header: bool,
-    ) -> PyResult<(String, Vec<String>, Bound<'py, PyList>)> {
+    ) -> PyResult<(String, Bound<'py, PyList>, Bound<'py, PyList>)> {
         let layout = Layout {
             style: self::style(style)?,
             fn_name,
@@ -92,7 +96,7 @@ mod core_ext {
         check_layout(&ex.prog, &layout)?;
         let prog = &ex.prog;
         let code = py.detach(|| crate::emit::emit(prog, &layout));
-        let names = submod_names(prog);
+        let names = submod_list(py, prog)?;
         let out = write_back(py, &ex.pool, consts, const_index)?;
         Ok((code, names, out))
     }

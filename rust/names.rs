@@ -201,11 +201,65 @@ const DENIED_CALLS: &[&str] = &[
 ];
 
 pub fn is_keyword(s: &str) -> bool {
-    KEYWORDS.contains(&s)
+    matches!(
+        s,
+        "False"
+            | "None"
+            | "True"
+            | "and"
+            | "as"
+            | "assert"
+            | "async"
+            | "await"
+            | "break"
+            | "class"
+            | "continue"
+            | "def"
+            | "del"
+            | "elif"
+            | "else"
+            | "except"
+            | "finally"
+            | "for"
+            | "from"
+            | "global"
+            | "if"
+            | "import"
+            | "in"
+            | "is"
+            | "lambda"
+            | "nonlocal"
+            | "not"
+            | "or"
+            | "pass"
+            | "raise"
+            | "return"
+            | "try"
+            | "while"
+            | "with"
+            | "yield"
+            | "match"
+            | "case"
+    )
 }
 
 pub fn is_builtin(s: &str) -> bool {
     BUILTINS.binary_search(&s).is_ok()
+}
+
+/// Keywords, builtins and module globals in one set: the per-name check of [`Reserved`].
+fn taken_globally(s: &str) -> bool {
+    static SET: std::sync::OnceLock<rustc_hash::FxHashSet<&'static str>> =
+        std::sync::OnceLock::new();
+    SET.get_or_init(|| {
+        KEYWORDS
+            .iter()
+            .chain(BUILTINS)
+            .chain(MODULE_GLOBALS)
+            .copied()
+            .collect()
+    })
+    .contains(s)
 }
 
 /// An ASCII Python identifier (`[A-Za-z_][A-Za-z0-9_]*`).
@@ -236,6 +290,113 @@ pub fn check_call_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `operator` functions an untrusted program may call: pure arithmetic, comparison and
+/// container operations (never `attrgetter`, `methodcaller`, `call`, … which reach attributes or
+/// call values).
+const SAFE_OPERATOR: &[&str] = &[
+    "abs",
+    "add",
+    "and_",
+    "concat",
+    "contains",
+    "countOf",
+    "eq",
+    "floordiv",
+    "ge",
+    "getitem",
+    "gt",
+    "iadd",
+    "iand",
+    "iconcat",
+    "ifloordiv",
+    "ilshift",
+    "imatmul",
+    "imod",
+    "imul",
+    "index",
+    "indexOf",
+    "inv",
+    "invert",
+    "ior",
+    "ipow",
+    "irshift",
+    "is_",
+    "is_not",
+    "isub",
+    "itruediv",
+    "ixor",
+    "le",
+    "lshift",
+    "lt",
+    "matmul",
+    "mod",
+    "mul",
+    "ne",
+    "neg",
+    "not_",
+    "or_",
+    "pos",
+    "pow",
+    "rshift",
+    "sub",
+    "truediv",
+    "truth",
+    "xor",
+];
+
+/// Builtins an untrusted program may call: value constructors and pure functions.
+const SAFE_BUILTINS: &[&str] = &[
+    "abs",
+    "all",
+    "any",
+    "bool",
+    "bytes",
+    "complex",
+    "dict",
+    "divmod",
+    "float",
+    "frozenset",
+    "int",
+    "isinstance",
+    "len",
+    "list",
+    "max",
+    "min",
+    "pow",
+    "range",
+    "round",
+    "set",
+    "slice",
+    "sorted",
+    "str",
+    "sum",
+    "tuple",
+];
+
+/// The stricter rule for untrusted (serialized) input: besides [`check_call_name`], only
+/// `torch.ops.<namespace>.<op>[.<overload>]`, safe `operator` functions and safe builtins.
+/// Anything else a graph calls travels through the constant pool, which untrusted input cannot
+/// fill.
+pub fn check_untrusted_call_name(name: &str) -> Result<(), String> {
+    check_call_name(name)?;
+    let parts: Vec<&str> = name.split('.').collect();
+    let ok = match parts.as_slice() {
+        ["torch", "ops", rest @ ..] => {
+            (2..=3).contains(&rest.len()) && rest.iter().all(|p| !p.starts_with("__"))
+        }
+        ["operator", f] => SAFE_OPERATOR.contains(f),
+        [b] => SAFE_BUILTINS.contains(b),
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "call target {name:?} is not allowed in untrusted input"
+        ))
+    }
+}
+
 /// What a name must avoid besides keywords, builtins and the module globals: the layout's
 /// reserved prefix (pool, submodules, inlined functions) and the entry function's name.
 #[derive(Clone, Copy, Debug)]
@@ -246,11 +407,7 @@ pub struct Reserved<'a> {
 
 impl Reserved<'_> {
     pub fn is_reserved(&self, s: &str) -> bool {
-        s.starts_with(self.prefix)
-            || s == self.fn_name
-            || is_keyword(s)
-            || is_builtin(s)
-            || MODULE_GLOBALS.contains(&s)
+        s.starts_with(self.prefix) || s == self.fn_name || taken_globally(s)
     }
 }
 
@@ -280,33 +437,28 @@ fn hash_bytes(b: &[u8]) -> u64 {
 pub fn assign(p: &Program, g: &Graph, reserved: &Reserved) -> Names {
     let n = g.nodes.len();
     let mut out = Names {
-        text: String::with_capacity(n * 8),
+        text: String::with_capacity(n * 12),
         spans: Vec::with_capacity(n),
     };
-    // hash of a name -> start of one name with that hash; collisions chain through `more`.
+    // hash of a name -> index of the first name with that hash; true collisions go to `more`.
     let mut used: FxHashMap<u64, u32> = FxHashMap::default();
     used.reserve(n);
     let mut more: Vec<(u64, u32)> = Vec::new();
-    let mut scratch = String::new();
-    let taken = |text: &str,
-                 spans: &[(u32, u32)],
-                 used: &FxHashMap<u64, u32>,
-                 more: &[(u64, u32)],
-                 s: &str| {
-        let h = hash_bytes(s.as_bytes());
-        let hit = |idx: u32| {
-            let (st, l) = spans[idx as usize];
-            &text[st as usize..(st + l) as usize] == s
-        };
-        match used.get(&h) {
+    let taken =
+        |out: &Names, used: &FxHashMap<u64, u32>, more: &[(u64, u32)], h: u64, s: &str| match used
+            .get(&h)
+        {
             None => false,
-            Some(&i) => hit(i) || more.iter().any(|&(mh, mi)| mh == h && hit(mi)),
-        }
-    };
+            Some(&i) => out.get(i) == s || more.iter().any(|&(mh, mi)| mh == h && out.get(mi) == s),
+        };
+    let mut scratch = String::new();
     for node in &g.nodes {
         let raw = p.str(node.name);
-        let ok = is_identifier(raw.as_bytes()) && !reserved.is_reserved(raw);
-        let chosen: &str = if ok && !taken(&out.text, &out.spans, &used, &more, raw) {
+        let mut h = hash_bytes(raw.as_bytes());
+        let keep = is_identifier(raw.as_bytes())
+            && !reserved.is_reserved(raw)
+            && !taken(&out, &used, &more, h, raw);
+        let chosen: &str = if keep {
             raw
         } else {
             scratch.clear();
@@ -322,13 +474,15 @@ pub fn assign(p: &Program, g: &Graph, reserved: &Reserved) -> Names {
             }
             // A suffix cannot un-reserve a name that starts with the layout prefix.
             if scratch.is_empty() || scratch.starts_with(reserved.prefix) {
-                scratch.insert_str(0, "v");
+                scratch.insert(0, 'v');
             }
             let base_len = scratch.len();
             let mut k = 0u64;
-            while reserved.is_reserved(&scratch)
-                || taken(&out.text, &out.spans, &used, &more, &scratch)
-            {
+            loop {
+                h = hash_bytes(scratch.as_bytes());
+                if !reserved.is_reserved(&scratch) && !taken(&out, &used, &more, h, &scratch) {
+                    break;
+                }
                 k += 1;
                 scratch.truncate(base_len);
                 scratch.push('_');
@@ -337,11 +491,9 @@ pub fn assign(p: &Program, g: &Graph, reserved: &Reserved) -> Names {
             &scratch
         };
         let idx = out.spans.len() as u32;
-        let h = hash_bytes(chosen.as_bytes());
         let start = out.text.len() as u32;
         out.text.push_str(chosen);
         out.spans.push((start, chosen.len() as u32));
-        // A second name with the same 64-bit hash (a true collision) goes to the overflow list.
         match used.entry(h) {
             Entry::Vacant(e) => {
                 e.insert(idx);

@@ -7,7 +7,8 @@
 //! file    := "FXCG" version:u8(=1) n_consts submods graphs
 //! submods := n { name:str kind:u8 (0 opaque | 1 inline graph:varint) }
 //! graphs  := n { n_nodes { node } }                      graph 0 is the root
-//! node    := op:u8 name:str target args:(n arg) kwargs:(n key:str arg)
+//! node    := op:u8 name:str target args:(n arg) kwargs:(n key:arg value:arg)
+//!            (a key is a str arg, or a const for a key text cannot hold)
 //!   op 0 placeholder  target = param:str
 //!   op 1 call_module  target = submod:varint
 //!   op 2 call_function target = 0 name:str | 1 (getitem) | 2 const:varint
@@ -49,7 +50,13 @@ impl Writer<'_> {
         }
     }
 
-    fn bytes(&mut self, s: Span) {
+    fn text(&mut self, s: Span) {
+        self.varint(s.len as u64);
+        let p = self.p;
+        self.out.extend_from_slice(p.str(s).as_bytes());
+    }
+
+    fn blob(&mut self, s: Span) {
         self.varint(s.len as u64);
         let p = self.p;
         self.out.extend_from_slice(p.raw(s));
@@ -77,7 +84,7 @@ impl Writer<'_> {
             }
             Arg::BigInt(s) => {
                 self.out.push(5);
-                self.bytes(s);
+                self.text(s);
             }
             Arg::Float(v) => {
                 self.out.push(6);
@@ -85,11 +92,11 @@ impl Writer<'_> {
             }
             Arg::Str(s) => {
                 self.out.push(7);
-                self.bytes(s);
+                self.text(s);
             }
             Arg::Bytes(s) => {
                 self.out.push(8);
-                self.bytes(s);
+                self.blob(s);
             }
             Arg::Const(k) => {
                 self.out.push(9);
@@ -118,14 +125,14 @@ impl Writer<'_> {
 pub fn write(p: &Program) -> Vec<u8> {
     let mut w = Writer {
         p,
-        out: Vec::with_capacity(64 + p.bytes.len() + p.args.len() * 3),
+        out: Vec::with_capacity(64 + p.text.len() + p.blobs.len() + p.args.len() * 3),
     };
     w.out.extend_from_slice(MAGIC);
     w.out.push(VERSION);
     w.varint(p.n_consts as u64);
     w.varint(p.submods.len() as u64);
     for sm in &p.submods {
-        w.bytes(sm.name);
+        w.text(sm.name);
         match sm.kind {
             SubmodKind::Opaque => w.out.push(0),
             SubmodKind::Inline(g) => {
@@ -147,15 +154,15 @@ pub fn write(p: &Program) -> Vec<u8> {
                 Op::Output => 5,
             };
             w.out.push(op);
-            w.bytes(n.name);
+            w.text(n.name);
             match n.target {
-                Target::Param(s) | Target::Method(s) => w.bytes(s),
+                Target::Param(s) | Target::Method(s) => w.text(s),
                 Target::Submod(i) | Target::Const(i) if n.op != Op::CallFunction => {
                     w.varint(i as u64)
                 }
                 Target::Name(s) => {
                     w.out.push(0);
-                    w.bytes(s);
+                    w.text(s);
                 }
                 Target::Getitem => w.out.push(1),
                 Target::Const(k) => {
@@ -167,10 +174,7 @@ pub fn write(p: &Program) -> Vec<u8> {
             w.args(n.args);
             w.varint(n.kwargs.len as u64 / 2);
             for k in n.kwargs.range() {
-                match p.args[k] {
-                    Arg::Str(s) if (k - n.kwargs.start as usize) % 2 == 0 => w.bytes(s),
-                    a => w.arg(a),
-                }
+                w.arg(p.args[k]);
             }
         }
     }
@@ -185,7 +189,7 @@ struct Reader<'a> {
     p: Program,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     fn err<T>(&self, reason: impl Into<String>) -> Result<T> {
         Err(Error::Serial {
             offset: self.pos,
@@ -240,27 +244,31 @@ impl Reader<'_> {
         Ok(v as usize)
     }
 
-    fn raw(&mut self) -> Result<Span> {
+    fn slice(&mut self) -> Result<&'a [u8]> {
         let n = self.varint()?;
         if n > self.left() as u64 {
             return self.err(format!("length {n} exceeds the data left"));
         }
-        let n = n as usize;
-        let span = self.p.push_bytes(&self.data[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(span)
+        let b = &self.data[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(b)
+    }
+
+    fn raw(&mut self) -> Result<Span> {
+        let b = self.slice()?;
+        Ok(self.p.push_bytes(b))
     }
 
     fn text(&mut self) -> Result<Span> {
         let at = self.pos;
-        let s = self.raw()?;
-        if std::str::from_utf8(self.p.raw(s)).is_err() {
-            return Err(Error::Serial {
+        let b = self.slice()?;
+        match std::str::from_utf8(b) {
+            Ok(s) => Ok(self.p.push_str(s)),
+            Err(_) => Err(Error::Serial {
                 offset: at,
                 reason: "string is not valid UTF-8".into(),
-            });
+            }),
         }
-        Ok(s)
     }
 
     fn args(&mut self, n: usize, ctx: &Ctx, depth: usize) -> Result<Span> {
@@ -409,11 +417,18 @@ pub fn read(data: &[u8]) -> Result<Program> {
             let n_kw = r.count(2)?;
             let kwargs = r.p.reserve_args(2 * n_kw);
             for k in 0..n_kw {
-                let key = r.text()?;
+                let at = r.pos;
+                let key = r.arg(&ctx, 0)?;
+                if !matches!(key, Arg::Str(_) | Arg::Const(_)) {
+                    return Err(Error::Serial {
+                        offset: at,
+                        reason: "a keyword key must be a str or a constant".into(),
+                    });
+                }
                 let v = r.arg(&ctx, 0)?;
-                let at = kwargs.start as usize + 2 * k;
-                r.p.args[at] = Arg::Str(key);
-                r.p.args[at + 1] = v;
+                let slot = kwargs.start as usize + 2 * k;
+                r.p.args[slot] = key;
+                r.p.args[slot + 1] = v;
             }
             nodes.push(Node {
                 op,
@@ -428,9 +443,9 @@ pub fn read(data: &[u8]) -> Result<Program> {
     if r.left() != 0 {
         return r.err(format!("{} trailing bytes", r.left()));
     }
-    if r.p.bytes.len() > u32::MAX as usize || r.p.args.len() > u32::MAX as usize {
+    if r.p.text.len() > u32::MAX as usize || r.p.args.len() > u32::MAX as usize {
         return r.err("program too large");
     }
-    r.p.validate()?;
+    r.p.validate_untrusted()?;
     Ok(r.p)
 }

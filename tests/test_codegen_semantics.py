@@ -654,11 +654,11 @@ def test_get_attr_goes_to_pool_by_identity(surface: str) -> None:
     c = g.get_attr("const")
     d = g.get_attr("sub.deep")
     w2 = g.get_attr("weight")
-    s = g.call_function(torch.add, (x, w))
+    s = g.call_function(torch.ops.aten.add.Tensor, (x, w))
     g.output((s, w, b, c, d, w2))
     gm = fx.GraphModule(root, g)
     code, _, consts = generate_surface(gm, surface)
-    assert len(consts) == 4  # weight once, buf, const, sub.deep
+    assert len(consts) == 4  # weight once, buf, const, sub.deep (aten.add is named)
     out = compile_surface(gm, surface)(torch.zeros(3))
     assert out[1] is gm.weight and out[5] is gm.weight
     assert out[2] is gm.buf and out[3] is gm.const and out[4] is gm.sub.deep
@@ -808,11 +808,6 @@ def test_keyword_kwargs_to_opaque_and_inlined_children(surface: str) -> None:
     assert j_out == ("X", 5, 10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: a kwargs key that is not valid UTF-8 raises UnicodeEncodeError, "
-    "not CodegenError, and is not passed through (extract.rs kwargs key to_str()?)",
-)
 @pytest.mark.parametrize("surface", SURFACES)
 def test_kwarg_key_with_lone_surrogate(surface: str) -> None:
     """A key that is not an identifier (nor even UTF-8) still passes correctly."""
@@ -1118,12 +1113,6 @@ def test_compile_without_opaque_callable_fails_clearly() -> None:
         fxcodegen.compile_execution_fn(gen.code, {}, gen.submod_names, gen.consts)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in codegen.check_bindings: only execution_fn's own code object is scanned, so "
-    "an opaque child called only from an inlined child (__fx_s3 in __fx_f1) is not checked; "
-    "compile succeeds and the call fails with NameError",
-)
 def test_compile_without_opaque_callable_of_inlined_child_fails_clearly() -> None:
     gm = nested_split_gm()
     gen = fxcodegen.generate(gm)

@@ -101,7 +101,7 @@ def node(
     kwargs: list[tuple[str, bytes]] = (),  # type: ignore[assignment]
 ) -> bytes:
     out = bytes([op]) + s(name) + target + varint(len(args)) + b"".join(args)
-    out += varint(len(kwargs)) + b"".join(s(k) + v for k, v in kwargs)
+    out += varint(len(kwargs)) + b"".join(A.str(k) + v for k, v in kwargs)
     return out
 
 
@@ -409,7 +409,7 @@ BAD_PROGRAMS = {
         [
             [
                 placeholder("x"),
-                node(2, "f", b"\x00" + s("len"), [A.node(0)], [])[:-1] + b"\x01\x01\xff\x01",
+                node(2, "f", b"\x00" + s("len"), [A.node(0)], [])[:-1] + b"\x01\x07\x01\xff\x01",
             ]
         ]
     ),

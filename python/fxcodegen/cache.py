@@ -189,9 +189,8 @@ class Artifact:
         lines = self.code.splitlines(keepends=True)
         linecache.cache[filename] = (len(self.code), None, lines, filename)
         exec(code_obj, ns)  # noqa: S102
-        fn = ns[self.fn_name]
-        codegen.check_bindings(fn, self.submod_names, ns)
-        return fn
+        codegen.check_bindings(code_obj, self.submod_names, ns)
+        return ns[self.fn_name]
 
 
 # --------------------------------------------------------------------------------------

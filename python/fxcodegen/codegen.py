@@ -88,7 +88,10 @@ def _resolve_target(obj: Any) -> str | None:
 
     A name is used only when it resolves to the very same object where the generated code
     runs (``torch``, ``operator`` and builtins are bound there); everything else goes to the
-    constant pool. Called by the Rust core once per distinct call target.
+    constant pool. The core further keeps names to what untrusted serialized input may name
+    (``torch.ops.*``, pure ``operator`` functions, pure builtins) and pools the rest, so
+    ``emit(serialize(gm))`` always accepts what ``generate(gm)`` accepts. Called by the Rust
+    core once per distinct call target.
     """
     for text in _qualified_candidates(obj):
         try:
@@ -119,11 +122,14 @@ def emit(data: bytes) -> tuple[str, list[str]]:
 _counter = itertools.count()
 
 
-def exec_source(code: str, namespace: dict[str, Any], tag: str = "fxcodegen") -> None:
-    """Compile and exec ``code`` under a synthetic file name registered in ``linecache``."""
+def exec_source(code: str, namespace: dict[str, Any], tag: str = "fxcodegen") -> Any:
+    """Compile and exec ``code`` under a synthetic file name registered in ``linecache``;
+    returns the module code object."""
     filename = f"<{tag}-{next(_counter)}>"
     linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
-    exec(compile(code, filename, "exec"), namespace)  # noqa: S102
+    module = compile(code, filename, "exec")
+    exec(module, namespace)  # noqa: S102
+    return module
 
 
 def _unwrap(fn: Any) -> Any:
@@ -157,8 +163,10 @@ def _referenced_globals(code_obj: Any) -> set[str]:
     return names
 
 
-def check_bindings(fn: Any, submod_names: list[str], ns: dict[str, Any]) -> None:
-    needed = _referenced_globals(fn.__code__)
+def check_bindings(code_obj: Any, submod_names: list[str], ns: dict[str, Any]) -> None:
+    """Raise if a submodule global referenced anywhere in the module code ``code_obj``
+    (inlined children included) has no callable bound."""
+    needed = _referenced_globals(code_obj)
     for i, name in enumerate(submod_names):
         g = f"{SUBMOD_PREFIX}{i}"
         if g in needed and g not in ns:
@@ -177,10 +185,9 @@ def compile_execution_fn(
     ``consts=None`` loads code generated without a pool.
     """
     ns = bind_namespace(submod_callables, submod_names, consts)
-    exec_source(code, ns)
-    fn = ns[FN_NAME]
-    check_bindings(fn, submod_names, ns)
-    return fn
+    module = exec_source(code, ns)
+    check_bindings(module, submod_names, ns)
+    return ns[FN_NAME]
 
 
 def build(split_gm: torch.fx.GraphModule) -> Callable[..., Any]:

@@ -308,7 +308,19 @@ fn injection_attempts_are_rejected_or_escaped() {
     p.add_node(g, Op::Output, "output", Target::None, &[Arg::Node(n)], &[]);
     let code = codegen(&p, &Layout::native()).unwrap();
     assert_shapes(&code);
-    for bad in ["os.system", "eval", "torch.x;y", "__import__", "exec"] {
+    for bad in [
+        "os.system",
+        "eval",
+        "torch.x;y",
+        "__import__",
+        "exec",
+        "torch.os.system",
+        "torch.load",
+        "getattr",
+        "operator.attrgetter",
+        "operator.call",
+        "torch.ops.aten.__class__",
+    ] {
         let mut q = Program::default();
         let g = q.add_graph();
         let m = q.push_str(bad);
