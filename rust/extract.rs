@@ -131,7 +131,7 @@ impl<'py> Types<'py> {
 pub struct Pool<'py> {
     pub objects: Vec<Bound<'py, PyAny>>,
     by_id: FxHashMap<usize, u32>,
-    devices: FxHashMap<String, u32>,
+    devices: FxHashMap<isize, Vec<u32>>,
     /// Slots that existed before this pass (an external vLLM-style pool).
     pub preexisting: usize,
 }
@@ -175,13 +175,18 @@ impl<'py> Pool<'py> {
         if let Some(&k) = self.by_id.get(&id) {
             return Ok(k);
         }
-        let key = obj.str()?.to_str()?.to_owned();
-        if let Some(&k) = self.devices.get(&key) {
-            self.by_id.insert(id, k);
-            return Ok(k);
+        // torch.device hashes and compares in C: no string is built per device.
+        let h = obj.hash()?;
+        if let Some(slots) = self.devices.get(&h) {
+            for &k in slots {
+                if self.objects[k as usize].eq(obj)? {
+                    self.by_id.insert(id, k);
+                    return Ok(k);
+                }
+            }
         }
         let k = self.intern(obj);
-        self.devices.insert(key, k);
+        self.devices.entry(h).or_default().push(k);
         Ok(k)
     }
 

@@ -31,7 +31,7 @@ pub fn codegen(p: &Program, layout: &Layout) -> Result<String> {
 #[pyo3::pymodule(name = "_core")]
 mod core_ext {
     use pyo3::prelude::*;
-    use pyo3::types::{PyBytes, PyDict, PyList};
+    use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
     use crate::emit::{check_layout, format_arg, Layout, Style};
     use crate::error::Error;
@@ -51,6 +51,26 @@ mod core_ext {
             "native" => Ok(Style::Native),
             "vllm" => Ok(Style::Vllm),
             _ => Err(Error::Invalid(format!("unknown style {s:?}")).into()),
+        }
+    }
+
+    /// The generated source as a Python str. Emitted code is ASCII (every non-ASCII character
+    /// of a literal is escaped), so the common case copies bytes straight into a compact ASCII
+    /// string instead of decoding UTF-8.
+    fn source_str<'py>(py: Python<'py>, code: &str) -> PyResult<Bound<'py, PyString>> {
+        if !code.is_ascii() {
+            return Ok(PyString::new(py, code));
+        }
+        // SAFETY: PyUnicode_New(n, 127) makes a compact ASCII string with an n-byte buffer,
+        // filled completely below before anything else can see the object.
+        unsafe {
+            let obj = pyo3::ffi::PyUnicode_New(code.len() as pyo3::ffi::Py_ssize_t, 127);
+            if obj.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            let data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
+            std::ptr::copy_nonoverlapping(code.as_ptr(), data, code.len());
+            Ok(Bound::from_owned_ptr(py, obj).cast_into_unchecked())
         }
     }
 
@@ -79,7 +99,7 @@ mod core_ext {
         consts: Option<&Bound<'py, PyList>>,
         const_index: Option<&Bound<'py, PyDict>>,
         header: bool,
-    ) -> PyResult<(String, Bound<'py, PyList>, Bound<'py, PyList>)> {
+    ) -> PyResult<(Bound<'py, PyString>, Bound<'py, PyList>, Bound<'py, PyList>)> {
         let layout = Layout {
             style: self::style(style)?,
             fn_name,
@@ -98,7 +118,8 @@ mod core_ext {
         let code = py.detach(|| crate::emit::emit(prog, &layout));
         let names = submod_list(py, prog)?;
         let out = write_back(py, &ex.pool, consts, const_index)?;
-        Ok((code, names, out))
+        drop(ex.prog);
+        Ok((source_str(py, &code)?, names, out))
     }
 
     fn write_back<'py>(

@@ -247,19 +247,20 @@ pub fn is_builtin(s: &str) -> bool {
     BUILTINS.binary_search(&s).is_ok()
 }
 
-/// Keywords, builtins and module globals in one set: the per-name check of [`Reserved`].
-fn taken_globally(s: &str) -> bool {
-    static SET: std::sync::OnceLock<rustc_hash::FxHashSet<&'static str>> =
-        std::sync::OnceLock::new();
+/// Whether `s` (whose [`hash_bytes`] is `h`) is a keyword, builtin or module global: a set of
+/// hashes filters, the exact lists confirm.
+fn taken_globally(h: u64, s: &str) -> bool {
+    static SET: std::sync::OnceLock<rustc_hash::FxHashSet<u64>> = std::sync::OnceLock::new();
     SET.get_or_init(|| {
         KEYWORDS
             .iter()
             .chain(BUILTINS)
             .chain(MODULE_GLOBALS)
-            .copied()
+            .map(|k| hash_bytes(k.as_bytes()))
             .collect()
     })
-    .contains(s)
+    .contains(&h)
+        && (is_keyword(s) || is_builtin(s) || MODULE_GLOBALS.contains(&s))
 }
 
 /// An ASCII Python identifier (`[A-Za-z_][A-Za-z0-9_]*`).
@@ -407,7 +408,12 @@ pub struct Reserved<'a> {
 
 impl Reserved<'_> {
     pub fn is_reserved(&self, s: &str) -> bool {
-        s.starts_with(self.prefix) || s == self.fn_name || taken_globally(s)
+        self.is_reserved_h(hash_bytes(s.as_bytes()), s)
+    }
+
+    /// [`Reserved::is_reserved`] for a name whose [`hash_bytes`] is already known.
+    fn is_reserved_h(&self, h: u64, s: &str) -> bool {
+        s.starts_with(self.prefix) || s == self.fn_name || taken_globally(h, s)
     }
 }
 
@@ -456,7 +462,7 @@ pub fn assign(p: &Program, g: &Graph, reserved: &Reserved) -> Names {
         let raw = p.str(node.name);
         let mut h = hash_bytes(raw.as_bytes());
         let keep = is_identifier(raw.as_bytes())
-            && !reserved.is_reserved(raw)
+            && !reserved.is_reserved_h(h, raw)
             && !taken(&out, &used, &more, h, raw);
         let chosen: &str = if keep {
             raw
@@ -480,7 +486,7 @@ pub fn assign(p: &Program, g: &Graph, reserved: &Reserved) -> Names {
             let mut k = 0u64;
             loop {
                 h = hash_bytes(scratch.as_bytes());
-                if !reserved.is_reserved(&scratch) && !taken(&out, &used, &more, h, &scratch) {
+                if !reserved.is_reserved_h(h, &scratch) && !taken(&out, &used, &more, h, &scratch) {
                     break;
                 }
                 k += 1;
