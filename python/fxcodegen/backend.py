@@ -165,25 +165,6 @@ def _device_factors(gm: torch.fx.GraphModule) -> dict[str, Any]:
     return out
 
 
-def _check_pool_bound(fn: Callable[..., Any]) -> None:
-    """Every constant-pool slot the stitching code reads is bound (an older artifact
-    without a pool must not fail at call time)."""
-    from fxcodegen.codegen import CONST_PREFIX
-
-    def names(code: Any) -> set[str]:
-        out = set(code.co_names)
-        for c in code.co_consts:
-            if hasattr(c, "co_names"):
-                out |= names(c)
-        return out
-
-    missing = sorted(
-        n for n in names(fn.__code__) if n.startswith(CONST_PREFIX) and n not in fn.__globals__
-    )
-    if missing:
-        raise KeyError(f"the stitching code reads pool slots that are not stored: {missing}")
-
-
 def _piece_record(name: str, piece: PiecewiseBackend) -> PieceRecord:
     """What the cache stores for one compiled piece (raises if it cannot be exported)."""
     exported = piece.export_artifacts()
@@ -549,8 +530,7 @@ class Backend:
                 pieces[it.submod_name] = piece
             compile_s = time.perf_counter() - t0
             t1 = time.perf_counter()
-            fn = art.execution_fn(pieces)
-            _check_pool_bound(fn)
+            fn = art.execution_fn(pieces)  # raises CodegenError for unbound pool slots
         except BaseException:
             for name in ("artifact_loaded", "compile_reused", "compile"):
                 counters[name] = snapshot[name]

@@ -164,13 +164,16 @@ def _referenced_globals(code_obj: Any) -> set[str]:
 
 
 def check_bindings(code_obj: Any, submod_names: list[str], ns: dict[str, Any]) -> None:
-    """Raise if a submodule global referenced anywhere in the module code ``code_obj``
-    (inlined children included) has no callable bound."""
+    """Raise :class:`CodegenError` if a submodule or pool-slot global read anywhere in the
+    module code ``code_obj`` (inlined children included) is not bound in ``ns``."""
     needed = _referenced_globals(code_obj)
     for i, name in enumerate(submod_names):
         g = f"{SUBMOD_PREFIX}{i}"
         if g in needed and g not in ns:
             raise CodegenError(f"no callable bound for submodule {i} ({name!r})")
+    missing = sorted(n for n in needed if n.startswith(CONST_PREFIX) and n not in ns)
+    if missing:
+        raise CodegenError(f"the code reads constant-pool slots that are not bound: {missing}")
 
 
 def compile_execution_fn(
