@@ -1,6 +1,8 @@
 //! The emitter: a validated [`Program`] in, Python source out. It cannot fail; everything it
 //! relies on was checked by [`Program::validate`] and [`check_layout`].
 
+use std::rc::Rc;
+
 use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
@@ -111,6 +113,8 @@ pub fn emit(p: &Program, layout: &Layout) -> String {
         out: String::with_capacity(256 + nodes * 40 + p.text.len() * 2),
         floats: FxHashMap::default(),
         float_text: String::new(),
+        plain_keys: FxHashMap::default(),
+        params: FxHashMap::default(),
     };
     if layout.header {
         e.out.push_str("import torch\nimport operator\n");
@@ -142,6 +146,8 @@ pub fn format_arg(p: &Program, arg: &Arg, names: &Names, style: Style) -> String
         out: String::new(),
         floats: FxHashMap::default(),
         float_text: String::new(),
+        plain_keys: FxHashMap::default(),
+        params: FxHashMap::default(),
     };
     e.arg(arg, names);
     e.out
@@ -159,20 +165,20 @@ struct Emitter<'a> {
     out: String,
     floats: FxHashMap<u64, (u32, u32)>,
     float_text: String,
+    /// Whether the keyword key with a given text span is passed as `key=` (callee-free calls).
+    plain_keys: FxHashMap<u64, bool>,
+    /// Parameters of inlined children called with keywords, by graph.
+    params: FxHashMap<u32, Rc<Vec<(String, String)>>>,
 }
 
-/// The identifier a keyword argument is passed under, or None to pass it through `**{...}`.
-fn kw_ident<'s>(
-    p: &'s Program,
-    key: &'s str,
-    callee: Option<(&Graph, &'s Names)>,
-) -> Option<&'s str> {
+/// The identifier a keyword argument is passed under, or None to pass it through `**{...}`:
+/// for an inlined child, the (possibly renamed) parameter whose traced name is `key`.
+fn kw_ident<'s>(key: &'s str, callee: Option<&'s [(String, String)]>) -> Option<&'s str> {
     match callee {
-        Some((g, cn)) => g
-            .nodes
+        Some(params) => params
             .iter()
-            .position(|c| matches!(c.target, Target::Param(ps) if p.str(ps) == key))
-            .map(|ci| cn.get(ci as u32)),
+            .find(|(param, _)| param == key)
+            .map(|(_, ident)| ident.as_str()),
         None => (names::is_identifier(key.as_bytes()) && !names::is_keyword(key)).then_some(key),
     }
 }
@@ -309,7 +315,7 @@ impl Emitter<'_> {
                     }
                     SubmodKind::Inline(g) => {
                         self.inline_name(i);
-                        Some(&p.graphs[g as usize])
+                        Some(g)
                     }
                 };
                 self.call_args(node.args, node.kwargs, callee, names);
@@ -375,7 +381,7 @@ impl Emitter<'_> {
 
     /// `(a, b, k=v, **{'not ident': w})`. Keywords to an inlined child are renamed the way its
     /// parameters were; keys that are not identifiers (or name no parameter) go through `**`.
-    fn call_args(&mut self, args: Span, kwargs: Span, callee: Option<&Graph>, names: &Names) {
+    fn call_args(&mut self, args: Span, kwargs: Span, callee: Option<u32>, names: &Names) {
         let p = self.p;
         self.out.push('(');
         let mut first = true;
@@ -390,8 +396,8 @@ impl Emitter<'_> {
             self.out.push(')');
             return;
         }
-        let callee_names = callee.map(|g| names::assign(p, g, &self.layout.reserved()));
-        let callee = callee.zip(callee_names.as_ref());
+        let params = callee.map(|g| self.params(g));
+        let callee = params.as_deref().map(Vec::as_slice);
         let kw = &p.args[kwargs.range()];
         let mut odd = 0;
         for pair in kw.chunks_exact(2) {
@@ -399,7 +405,16 @@ impl Emitter<'_> {
                 odd += 1;
                 continue;
             };
-            match kw_ident(p, p.str(key), callee) {
+            let ident = match callee {
+                // Plain keys repeat across nodes (one span per distinct key): check each once.
+                None => self
+                    .plain_keys
+                    .entry(((key.start as u64) << 32) | key.len as u64)
+                    .or_insert_with(|| kw_ident(p.str(key), None).is_some())
+                    .then_some(p.str(key)),
+                Some(_) => kw_ident(p.str(key), callee),
+            };
+            match ident {
                 Some(id) => {
                     if !first {
                         self.out.push_str(", ");
@@ -420,7 +435,7 @@ impl Emitter<'_> {
             let mut k = 0;
             for pair in kw.chunks_exact(2) {
                 if let Arg::Str(key) = pair[0] {
-                    if kw_ident(p, p.str(key), callee).is_some() {
+                    if kw_ident(p.str(key), callee).is_some() {
                         continue;
                     }
                 }
@@ -435,6 +450,32 @@ impl Emitter<'_> {
             self.out.push('}');
         }
         self.out.push(')');
+    }
+
+    /// `(traced parameter name, identifier)` of an inlined child's placeholders, computed once
+    /// per child however often it is called with keywords.
+    fn params(&mut self, g: u32) -> Rc<Vec<(String, String)>> {
+        let p = self.p;
+        let reserved = self.layout.reserved();
+        self.params
+            .entry(g)
+            .or_insert_with(|| {
+                let graph = &p.graphs[g as usize];
+                let names = names::assign(p, graph, &reserved);
+                let list = graph
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(j, n)| match n.target {
+                        Target::Param(s) if n.op == Op::Placeholder => {
+                            Some((p.str(s).to_string(), names.get(j as u32).to_string()))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                Rc::new(list)
+            })
+            .clone()
     }
 
     /// Floats repeat (scales, epsilons): each distinct bit pattern is formatted once.

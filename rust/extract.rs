@@ -8,7 +8,7 @@ use pyo3::{ffi, intern};
 use rustc_hash::FxHashMap;
 
 use crate::error::Error;
-use crate::ir::{Arg, Graph, Node, Op, Program, Submod, SubmodKind, Target, MAX_DEPTH};
+use crate::ir::{Arg, Graph, Node, Op, Program, Span, Submod, SubmodKind, Target, MAX_DEPTH};
 use crate::names;
 
 static NODE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -209,6 +209,8 @@ pub struct Extractor<'py> {
     targets: FxHashMap<usize, Target>,
     /// Hash of a qualified child name -> its submodule index (names compared on hit).
     submods: FxHashMap<u64, u32>,
+    /// Text spans of keyword keys by str object (kept alive by the graph).
+    key_spans: FxHashMap<usize, Span>,
     /// Whether a child of this type is a plain GraphModule (inlined), by type pointer.
     inline_types: FxHashMap<usize, bool>,
     /// For `_node_ref`: nodes met outside any graph, named by their own names.
@@ -245,6 +247,7 @@ impl<'py> Extractor<'py> {
             resolver,
             targets: FxHashMap::default(),
             submods: FxHashMap::default(),
+            key_spans: FxHashMap::default(),
             inline_types: FxHashMap::default(),
             loose: None,
         })
@@ -324,10 +327,18 @@ impl<'py> Extractor<'py> {
             let kwargs = self.prog.reserve_args(2 * kw.len());
             for (k, (key, v)) in kw.iter().enumerate() {
                 let key = match key.cast::<PyString>() {
-                    Ok(s) => match s.to_str() {
-                        Ok(text) => Arg::Str(self.prog.push_str(text)),
-                        // A key text cannot hold (lone surrogate) is passed as a pooled str.
-                        Err(_) => Arg::Const(self.pool.intern(&key)),
+                    // Keys are mostly the same interned str objects: store each text once.
+                    Ok(s) => match self.key_spans.get(&(s.as_ptr() as usize)) {
+                        Some(&span) => Arg::Str(span),
+                        None => match s.to_str() {
+                            Ok(text) => {
+                                let span = self.prog.push_str(text);
+                                self.key_spans.insert(s.as_ptr() as usize, span);
+                                Arg::Str(span)
+                            }
+                            // A key text cannot hold (lone surrogate) is passed as a pooled str.
+                            Err(_) => Arg::Const(self.pool.intern(&key)),
+                        },
                     },
                     Err(_) => {
                         return Err(node_error(&node, "a keyword argument's key is not a str"))
