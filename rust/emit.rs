@@ -258,29 +258,65 @@ impl Emitter<'_> {
         }
         self.out.push_str("):\n");
         let mut returned = false;
-        for (j, node) in g.nodes.iter().enumerate() {
+        let mut j = 0;
+        while j < g.nodes.len() {
+            let node = &g.nodes[j];
+            if self.fuses(g, &live, j) {
+                // `b = f(...)[i]`: the call's only use is the getitem right after it, so its
+                // value never needs a name (nor a `del`).
+                let next = &g.nodes[j + 1];
+                self.lhs(j as u32 + 1, &names);
+                self.expr(node, &names);
+                self.out.push('[');
+                self.arg(&p.args[next.args.start as usize + 1], &names);
+                self.out.push_str("]\n");
+                self.dels(&[live.after(j), live.after(j + 1)], j as u32, &names);
+                j += 2;
+                continue;
+            }
             self.statement(node, j as u32, &names);
             returned |= node.op == Op::Output;
-            self.dels(&live, j, &names);
+            self.dels(&[live.after(j)], u32::MAX, &names);
+            j += 1;
         }
         if !returned {
             self.out.push_str("    return None\n");
         }
     }
 
-    fn dels(&mut self, live: &Liveness, j: usize, names: &Names) {
-        let d = live.after(j);
-        if d.is_empty() {
-            return;
-        }
-        self.out.push_str("    del ");
-        for (k, &i) in d.iter().enumerate() {
-            if k > 0 {
-                self.out.push_str(", ");
+    /// One `del` line for the values in `lists` (all but `skip`, a value that was never bound).
+    fn dels(&mut self, lists: &[&[u32]], skip: u32, names: &Names) {
+        let mut first = true;
+        for &i in lists.iter().flat_map(|l| l.iter()) {
+            if i == skip {
+                continue;
             }
+            self.out.push_str(if first { "    del " } else { ", " });
+            first = false;
             self.out.push_str(names.get(i));
         }
-        self.out.push('\n');
+        if !first {
+            self.out.push('\n');
+        }
+    }
+
+    /// Whether node `j` is a call whose only use is as the object of the getitem at `j + 1`
+    /// (native layout only; vLLM's layout keeps one statement per node).
+    fn fuses(&self, g: &Graph, live: &Liveness, j: usize) -> bool {
+        let p = self.p;
+        self.layout.style == Style::Native
+            && matches!(
+                g.nodes[j].op,
+                Op::CallModule | Op::CallFunction | Op::CallMethod
+            )
+            && live.uses[j] == 1
+            && g.nodes.get(j + 1).is_some_and(|next| {
+                next.op == Op::CallFunction
+                    && next.target == Target::Getitem
+                    && next.args.len == 2
+                    && next.kwargs.len == 0
+                    && p.args[next.args.start as usize] == Arg::Node(j as u32)
+            })
     }
 
     fn lhs(&mut self, j: u32, names: &Names) {
@@ -290,24 +326,30 @@ impl Emitter<'_> {
     }
 
     fn statement(&mut self, node: &Node, j: u32, names: &Names) {
-        let p = self.p;
-        match (node.op, node.target) {
-            (Op::Placeholder, _) => {}
-            (Op::Output, _) => {
+        match node.op {
+            Op::Placeholder => {}
+            Op::Output => {
                 self.out.push_str("    return ");
                 match node.args.len {
                     0 => self.out.push_str("None"),
-                    _ => self.arg(&p.args[node.args.start as usize], names),
+                    _ => self.arg(&self.p.args[node.args.start as usize], names),
                 }
                 self.out.push('\n');
             }
-            (Op::GetAttr, Target::Const(k)) => {
+            _ => {
                 self.lhs(j, names);
-                self.const_ref(k);
+                self.expr(node, names);
                 self.out.push('\n');
             }
+        }
+    }
+
+    /// The value a non-placeholder, non-output node computes.
+    fn expr(&mut self, node: &Node, names: &Names) {
+        let p = self.p;
+        match (node.op, node.target) {
+            (Op::GetAttr, Target::Const(k)) => self.const_ref(k),
             (Op::CallModule, Target::Submod(i)) => {
-                self.lhs(j, names);
                 let callee = match p.submods[i as usize].kind {
                     SubmodKind::Opaque => {
                         self.submod_ref(i);
@@ -319,7 +361,6 @@ impl Emitter<'_> {
                     }
                 };
                 self.call_args(node.args, node.kwargs, callee, names);
-                self.out.push('\n');
             }
             (Op::CallFunction, Target::Getitem)
                 if node.args.len == 2
@@ -330,25 +371,21 @@ impl Emitter<'_> {
                         Arg::None | Arg::Bool(_) | Arg::Int(_) | Arg::BigInt(_) | Arg::Float(_)
                     ) =>
             {
-                self.lhs(j, names);
                 let a = &p.args[node.args.start as usize..][..2];
                 self.receiver(&a[0], names);
                 self.out.push('[');
                 self.arg(&a[1], names);
-                self.out.push_str("]\n");
+                self.out.push(']');
             }
             (Op::CallFunction, t) => {
-                self.lhs(j, names);
                 match t {
                     Target::Name(s) => self.out.push_str(p.str(s)),
                     Target::Const(k) => self.const_ref(k),
                     _ => self.out.push_str("operator.getitem"),
                 }
                 self.call_args(node.args, node.kwargs, None, names);
-                self.out.push('\n');
             }
             (Op::CallMethod, Target::Method(m)) => {
-                self.lhs(j, names);
                 self.receiver(&p.args[node.args.start as usize], names);
                 self.out.push('.');
                 self.out.push_str(p.str(m));
@@ -357,13 +394,9 @@ impl Emitter<'_> {
                     len: node.args.len - 1,
                 };
                 self.call_args(rest, node.kwargs, None, names);
-                self.out.push('\n');
             }
             // Unreachable for validated programs; keep the output well-formed regardless.
-            _ => {
-                self.lhs(j, names);
-                self.out.push_str("None\n");
-            }
+            _ => self.out.push_str("None"),
         }
     }
 

@@ -59,12 +59,13 @@ fn stitching() -> Program {
     p
 }
 
+/// Native layout: a call whose only use is the getitem after it becomes `b = f(...)[0]`.
 #[test]
 fn stitching_native() {
     assert_emits!(
         stitching(),
         native(),
-        "import torch\nimport operator\n\ndef execution_fn(x, s0):\n    submod_0 = __fx_s0(x, s0, scale=0.5, sizes=[s0])\n    del s0\n    getitem = submod_0[0]\n    del submod_0\n    submod_1 = __fx_s1(getitem, x)\n    del x, getitem\n    return (submod_1,)\n"
+        "import torch\nimport operator\n\ndef execution_fn(x, s0):\n    getitem = __fx_s0(x, s0, scale=0.5, sizes=[s0])[0]\n    del s0\n    submod_1 = __fx_s1(getitem, x)\n    del x, getitem\n    return (submod_1,)\n"
     );
 }
 

@@ -5,11 +5,13 @@
 
 use crate::ir::{Graph, Op, Program};
 
-/// `list[start[j]..start[j + 1]]` are the nodes to `del` after node `j`, in node order.
+/// `list[start[j]..start[j + 1]]` are the nodes to `del` after node `j`, in node order;
+/// `uses[i]` counts the references to node `i` (the output's included).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Liveness {
     pub start: Vec<u32>,
     pub list: Vec<u32>,
+    pub uses: Vec<u32>,
 }
 
 impl Liveness {
@@ -25,9 +27,11 @@ pub fn compute(p: &Program, g: &Graph) -> Liveness {
     let n = g.nodes.len();
     // last[i]: the last statement using node i, NEVER if none, RETURNED if the output uses it.
     let mut last = vec![NEVER; n];
+    let mut uses = vec![0u32; n];
     for (j, node) in g.nodes.iter().enumerate() {
         let j = j as u32;
         let mut mark = |i: u32| {
+            uses[i as usize] += 1;
             let slot = &mut last[i as usize];
             if node.op == Op::Output {
                 *slot = RETURNED;
@@ -63,5 +67,5 @@ pub fn compute(p: &Program, g: &Graph) -> Liveness {
             fill[at] += 1;
         }
     }
-    Liveness { start, list }
+    Liveness { start, list, uses }
 }

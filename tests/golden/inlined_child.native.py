@@ -8,12 +8,8 @@ def __fx_f1(inp):
     return (to, mul_tensor)
 
 def execution_fn(x):
-    submod_0 = __fx_s0(x, device=__fx_c0)
+    getitem = __fx_s0(x, device=__fx_c0)[0]
     del x
-    getitem = submod_0[0]
-    del submod_0
-    submod_1 = __fx_f1(getitem)
+    getitem_1 = __fx_f1(getitem)[0]
     del getitem
-    getitem_1 = submod_1[0]
-    del submod_1
     return getitem_1
