@@ -47,24 +47,19 @@ class Generated(NamedTuple):
 
 
 def _qualified_candidates(obj: Any) -> list[str]:
+    """Names that may denote ``obj`` where the code runs: ``torch.ops`` overloads and packets,
+    ``operator`` functions and builtins (the only kinds the core writes by name)."""
     name = getattr(obj, "__name__", None)
     module = getattr(obj, "__module__", None)
-    out: list[str] = []
     if isinstance(obj, torch._ops.OpOverload):
-        out.append(f"torch.ops.{obj.namespace}.{obj._opname}.{obj._overloadname}")
-    elif isinstance(obj, torch._ops.OpOverloadPacket):
-        out.append(f"torch.ops.{obj._qualified_op_name.replace('::', '.')}")
-    if isinstance(name, str):
-        if module in ("_operator", "operator"):
-            out.append(f"operator.{name}")
-        elif module == "builtins":
-            out.append(name)
-        elif isinstance(module, str) and module.split(".", 1)[0] == "torch":
-            qual = getattr(obj, "__qualname__", name)
-            out.append(f"{module}.{qual}")
-            out.append(f"torch.{name}")
-            out.append(f"torch.Tensor.{name}")
-    return out
+        return [f"torch.ops.{obj.namespace}.{obj._opname}.{obj._overloadname}"]
+    if isinstance(obj, torch._ops.OpOverloadPacket):
+        return [f"torch.ops.{obj._qualified_op_name.replace('::', '.')}"]
+    if isinstance(name, str) and module in ("_operator", "operator"):
+        return [f"operator.{name}"]
+    if isinstance(name, str) and module == "builtins":
+        return [name]
+    return []
 
 
 _ROOTS = {"torch": torch, "operator": operator}
