@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 from torch import fx
 
@@ -62,3 +63,15 @@ def generate_surface(gm: fx.GraphModule, surface: str) -> tuple[str, list[str], 
     from fxcodegen.compat import vllm
 
     return vllm.generate_execution_code(gm)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches and fxcodegen's counters reset around a test that compiles."""
+    from fxcodegen import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+    counters.clear()

@@ -13,13 +13,7 @@ RANGES = [(1, 8), (9, 32)]
 SIZE = 12
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
-    counters.clear()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _x(n: int, hidden: int) -> torch.Tensor:

@@ -47,13 +47,7 @@ DISTINCT_ENTRIES = 6
 REUSED_ENTRIES = 2
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
-    counters.clear()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 # --------------------------------------------------------------------------------------
