@@ -183,7 +183,7 @@ fn kw_ident<'s>(key: &'s str, callee: Option<&'s [(String, String)]>) -> Option<
     }
 }
 
-impl Emitter<'_> {
+impl<'a> Emitter<'a> {
     fn num(&mut self, v: u32) {
         self.out.push_str(itoa::Buffer::new().format(v));
     }
@@ -412,8 +412,9 @@ impl Emitter<'_> {
         }
     }
 
-    /// `(a, b, k=v, **{'not ident': w})`. Keywords to an inlined child are renamed the way its
-    /// parameters were; keys that are not identifiers (or name no parameter) go through `**`.
+    /// `(a, b, k=v)` or `(a, b, **{'k': v, 'not ident': w})`. Keywords to an inlined child are
+    /// renamed the way its parameters were; keys that are not identifiers (or name no parameter)
+    /// need the `**` form.
     fn call_args(&mut self, args: Span, kwargs: Span, callee: Option<u32>, names: &Names) {
         let p = self.p;
         self.out.push('(');
@@ -432,57 +433,67 @@ impl Emitter<'_> {
         let params = callee.map(|g| self.params(g));
         let callee = params.as_deref().map(Vec::as_slice);
         let kw = &p.args[kwargs.range()];
-        let mut odd = 0;
-        for pair in kw.chunks_exact(2) {
-            let Arg::Str(key) = pair[0] else {
-                odd += 1;
-                continue;
-            };
-            let ident = match callee {
-                // Plain keys repeat across nodes (one span per distinct key): check each once.
-                None => self
-                    .plain_keys
-                    .entry(((key.start as u64) << 32) | key.len as u64)
-                    .or_insert_with(|| kw_ident(p.str(key), None).is_some())
-                    .then_some(p.str(key)),
-                Some(_) => kw_ident(p.str(key), callee),
-            };
-            match ident {
-                Some(id) => {
-                    if !first {
-                        self.out.push_str(", ");
-                    }
-                    first = false;
-                    self.out.push_str(id);
-                    self.out.push('=');
-                    self.arg(&pair[1], names);
-                }
-                None => odd += 1,
-            }
+        // All keys pass as `key=value`, or (when one cannot) all go through one `**{...}` in
+        // graph order, so a callee taking `**kwargs` sees the traced order either way.
+        let all_plain = kw.chunks_exact(2).all(|pair| match pair[0] {
+            Arg::Str(key) => self.key_ident(key, callee).is_some(),
+            _ => false,
+        });
+        if !first {
+            self.out.push_str(", ");
         }
-        if odd > 0 {
-            if !first {
+        if !all_plain {
+            self.out.push_str("**{");
+        }
+        for (k, pair) in kw.chunks_exact(2).enumerate() {
+            if k > 0 {
                 self.out.push_str(", ");
             }
-            self.out.push_str("**{");
-            let mut k = 0;
-            for pair in kw.chunks_exact(2) {
-                if let Arg::Str(key) = pair[0] {
-                    if kw_ident(p.str(key), callee).is_some() {
-                        continue;
-                    }
+            let ident = match pair[0] {
+                Arg::Str(key) => self.key_ident(key, callee),
+                _ => None,
+            };
+            match (all_plain, ident) {
+                (true, Some(id)) => {
+                    self.out.push_str(id);
+                    self.out.push('=');
                 }
-                if k > 0 {
-                    self.out.push_str(", ");
+                (_, Some(id)) => {
+                    literal::str_repr(&mut self.out, id);
+                    self.out.push_str(": ");
                 }
-                k += 1;
-                self.arg(&pair[0], names);
-                self.out.push_str(": ");
-                self.arg(&pair[1], names);
+                (_, None) => {
+                    self.arg(&pair[0], names);
+                    self.out.push_str(": ");
+                }
             }
+            self.arg(&pair[1], names);
+        }
+        if !all_plain {
             self.out.push('}');
         }
         self.out.push(')');
+    }
+
+    /// The identifier keyword `key` is passed under (see [`kw_ident`]); plain keys repeat across
+    /// nodes with one span per distinct key, so each is checked once.
+    fn key_ident<'s>(
+        &mut self,
+        key: Span,
+        callee: Option<&'s [(String, String)]>,
+    ) -> Option<&'s str>
+    where
+        'a: 's,
+    {
+        let p = self.p;
+        match callee {
+            None => self
+                .plain_keys
+                .entry(((key.start as u64) << 32) | key.len as u64)
+                .or_insert_with(|| kw_ident(p.str(key), None).is_some())
+                .then_some(p.str(key)),
+            Some(_) => kw_ident(p.str(key), callee),
+        }
     }
 
     /// `(traced parameter name, identifier)` of an inlined child's placeholders, computed once

@@ -128,7 +128,7 @@ fn inlined_child_with_renamed_params_and_keywords() {
     assert_emits!(
         p,
         native(),
-        "import torch\nimport operator\n\ndef __fx_f0(torch_1, y=2):\n    mul = torch.ops.aten.mul.Tensor(torch_1, y)\n    del torch_1, y\n    return mul\n\ndef execution_fn(x):\n    submod_0 = __fx_f0(torch_1=x, y=3, **{'not a param': None})\n    del x\n    return submod_0\n"
+        "import torch\nimport operator\n\ndef __fx_f0(torch_1, y=2):\n    mul = torch.ops.aten.mul.Tensor(torch_1, y)\n    del torch_1, y\n    return mul\n\ndef execution_fn(x):\n    submod_0 = __fx_f0(**{'torch_1': x, 'y': 3, 'not a param': None})\n    del x\n    return submod_0\n"
     );
 }
 
