@@ -87,7 +87,7 @@ fn inlined_child_with_renamed_params_and_keywords() {
     // The child: def (torch, y=2): return torch.ops.aten.mul.Tensor(torch, y)
     let t = p.add_placeholder(child, "torch", None);
     let y = p.add_placeholder(child, "y", Some(Arg::Int(2)));
-    let name = p.bytes_span("torch.ops.aten.mul.Tensor");
+    let name = p.push_str("torch.ops.aten.mul.Tensor");
     let m = p.add_node(
         child,
         Op::CallFunction,
@@ -139,11 +139,11 @@ fn literals_and_pool() {
         ..Program::default()
     };
     let g = p.add_graph();
-    let big = p.bytes_span("-123456789012345678901234567890");
-    let s = p.bytes_span("it's \"q\"\n");
+    let big = p.push_str("-123456789012345678901234567890");
+    let s = p.push_str("it's \"q\"\n");
     let b = p.push_bytes(b"\x00\xffab");
     let one = p.tuple(&[Arg::Int(1)]);
-    let k = Arg::Str(p.bytes_span("k"));
+    let k = Arg::Str(p.push_str("k"));
     let d = p.dict(&[(k, Arg::Float(f64::NEG_INFINITY))]);
     let args = [
         Arg::None,
@@ -185,7 +185,7 @@ fn unused_values_and_methods_and_get_attr() {
     let x = p.add_placeholder(g, "x", None);
     let _unused = p.add_placeholder(g, "unused", None);
     let w = p.add_node(g, Op::GetAttr, "w", Target::Const(0), &[], &[]);
-    let m = p.bytes_span("add");
+    let m = p.push_str("add");
     let a = p.add_node(
         g,
         Op::CallMethod,
@@ -194,7 +194,7 @@ fn unused_values_and_methods_and_get_attr() {
         &[Arg::Node(x), Arg::Node(w)],
         &[],
     );
-    let m2 = p.bytes_span("bit_length");
+    let m2 = p.push_str("bit_length");
     let _dead = p.add_node(
         g,
         Op::CallMethod,
@@ -233,7 +233,7 @@ fn layout_errors() {
 fn validation_names_the_node() {
     let mut p = Program::default();
     let g = p.add_graph();
-    let bad = p.bytes_span("x); import os; (");
+    let bad = p.push_str("x); import os; (");
     p.add_node(
         g,
         Op::CallMethod,

@@ -189,11 +189,6 @@ impl Program {
         }
     }
 
-    /// Alias of [`Program::push_str`] for builders.
-    pub fn bytes_span(&mut self, s: &str) -> Span {
-        self.push_str(s)
-    }
-
     pub fn tuple(&mut self, items: &[Arg]) -> Arg {
         Arg::Tuple(self.push_args(items))
     }
