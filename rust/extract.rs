@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyType};
 use pyo3::{ffi, intern};
 use rustc_hash::FxHashMap;
 
@@ -30,15 +30,31 @@ fn type_ptr(obj: &Bound<'_, PyAny>) -> usize {
     unsafe { ffi::Py_TYPE(obj.as_ptr()) as usize }
 }
 
-/// Byte offsets of `torch.fx.Node`'s C member slots, read directly instead of through
-/// `getattr` when a node's type is exactly `Node` and the members are plain object slots.
+/// The node fields read per node, in [`Slots`] order.
+const FIELD_NAMES: [&str; 5] = ["op", "name", "target", "_args", "_kwargs"];
+const F_NAME: usize = 1;
+const F_TARGET: usize = 2;
+const F_ARGS: usize = 3;
+const F_KWARGS: usize = 4;
+
+/// The op names torch.fx uses.
+const OPS: [(&str, Op); 6] = [
+    ("call_function", Op::CallFunction),
+    ("call_module", Op::CallModule),
+    ("placeholder", Op::Placeholder),
+    ("call_method", Op::CallMethod),
+    ("get_attr", Op::GetAttr),
+    ("output", Op::Output),
+];
+
+/// Byte offsets of `torch.fx.Node`'s C member slots for [`FIELD_NAMES`], read directly instead
+/// of through `getattr` when a node's type is exactly `Node` and the members are plain object
+/// slots.
 #[derive(Clone, Copy)]
 struct Slots {
-    op: isize,
-    name: isize,
-    target: isize,
-    args: isize,
-    kwargs: isize,
+    fields: [isize; 5],
+    /// `_next`, for prefetching the nodes ahead (the walk itself uses fx's iterator).
+    next: isize,
 }
 
 impl Slots {
@@ -68,33 +84,46 @@ impl Slots {
                 }
             }
         };
+        let mut fields = [0; 5];
+        for (o, name) in fields.iter_mut().zip(FIELD_NAMES) {
+            *o = offset(name)?;
+        }
         Some(Slots {
-            op: offset("op")?,
-            name: offset("name")?,
-            target: offset("target")?,
-            args: offset("_args")?,
-            kwargs: offset("_kwargs")?,
+            fields,
+            next: offset("_next")?,
         })
     }
 }
 
-/// Reads an object slot of `obj` at `offset` (None when unset, as getattr would raise).
+/// Reads an object slot of `obj` at `offset`: a borrowed pointer, NULL when unset.
 ///
 /// # Safety
 /// `obj` must be an instance of the type whose member slot lives at `offset`, holding an
 /// object pointer or NULL (checked by [`Slots::load`] and the caller's exact type check).
-unsafe fn read_slot<'py>(obj: &Bound<'py, PyAny>, offset: isize) -> Option<Bound<'py, PyAny>> {
-    let p = *((obj.as_ptr() as *const u8).offset(offset) as *const *mut ffi::PyObject);
-    Bound::from_borrowed_ptr_or_opt(obj.py(), p)
+unsafe fn read_slot(obj: *mut ffi::PyObject, offset: isize) -> *mut ffi::PyObject {
+    *((obj as *const u8).offset(offset) as *const *mut ffi::PyObject)
+}
+
+/// Asks the CPU to start loading the cache line at `p` (a hint: never faults, any address).
+#[inline(always)]
+fn prefetch(p: *const ffi::PyObject) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching has no architectural effect and accepts any address.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>((p as *const i8).wrapping_add(64));
+    }
 }
 
 struct Types<'py> {
     slots: Option<Slots>,
+    /// Pointers of the interned op strings fx uses.
+    ops: [(usize, Op); 6],
     node: usize,
     ilist: usize,
     idict: usize,
     device: usize,
-    node_type: Bound<'py, PyType>,
     graph_module: Bound<'py, PyType>,
     getitem: usize,
 }
@@ -113,13 +142,17 @@ impl<'py> Types<'py> {
                 Ok(py.import("operator")?.getattr("getitem")?.unbind())
             })?
             .bind(py);
+        let mut ops = [(0, Op::Output); 6];
+        for (slot, (name, op)) in ops.iter_mut().zip(OPS) {
+            *slot = (PyString::intern(py, name).as_ptr() as usize, op);
+        }
         Ok(Types {
             slots: Slots::load(py, &node_type),
+            ops,
             node: node_type.as_ptr() as usize,
             ilist: ilist.as_ptr() as usize,
             idict: idict.as_ptr() as usize,
             device: device.as_ptr() as usize,
-            node_type,
             graph_module,
             getitem: getitem.as_ptr() as usize,
         })
@@ -206,19 +239,39 @@ pub struct Extractor<'py> {
     pub pool: Pool<'py>,
     t: Types<'py>,
     resolver: Bound<'py, PyAny>,
-    targets: FxHashMap<usize, Target>,
+    /// Resolved call_function targets by object (held, so an id is never reused meanwhile).
+    targets: FxHashMap<usize, (Target, Bound<'py, PyAny>)>,
     /// Hash of a qualified child name -> its submodule index (names compared on hit).
     submods: FxHashMap<u64, u32>,
-    /// Text spans of keyword keys by str object (kept alive by the graph).
-    key_spans: FxHashMap<usize, Span>,
+    /// Text spans of keyword keys by str object (held).
+    key_spans: FxHashMap<usize, (Span, Bound<'py, PyAny>)>,
     /// Whether a child of this type is a plain GraphModule (inlined), by type pointer.
     inline_types: FxHashMap<usize, bool>,
-    /// For `_node_ref`: nodes met outside any graph, named by their own names.
-    pub loose: Option<Vec<String>>,
+    /// For `_node_ref`: nodes met outside any graph, in order (named by their own names).
+    pub loose: Option<Vec<Bound<'py, PyAny>>>,
+}
+
+/// Node object -> index in its graph, for the nodes read so far.
+struct NodeIndex(FxHashMap<usize, u32>);
+
+impl NodeIndex {
+    fn with_capacity(n: usize) -> Self {
+        let mut m = FxHashMap::default();
+        m.reserve(n);
+        NodeIndex(m)
+    }
+
+    fn get(&self, ptr: usize) -> Option<u32> {
+        self.0.get(&ptr).copied()
+    }
+
+    fn insert(&mut self, ptr: usize, i: u32) {
+        self.0.insert(ptr, i);
+    }
 }
 
 struct NodeCtx<'a, 'py> {
-    index: &'a FxHashMap<usize, u32>,
+    index: &'a NodeIndex,
     node: &'a Bound<'py, PyAny>,
 }
 
@@ -278,76 +331,51 @@ impl<'py> Extractor<'py> {
             .getattr(intern!(py, "_modules"))
             .ok()
             .and_then(|d| d.cast_into::<PyDict>().ok());
-        let mut index: FxHashMap<usize, u32> = FxHashMap::default();
-        let n_nodes = graph.getattr(intern!(py, "nodes"))?.len().unwrap_or(0);
-        index.reserve(n_nodes);
-        self.prog.args.reserve(n_nodes * 4);
-        self.prog.text.reserve(n_nodes * 16);
+        let node_list = graph.getattr(intern!(py, "nodes"))?;
+        let n_nodes = node_list.len().unwrap_or(0);
+        let mut index = NodeIndex::with_capacity(n_nodes);
+        // Generous: untouched capacity costs address space, not memory; regrowing copies.
+        self.prog.args.reserve(n_nodes * 8);
+        self.prog.text.reserve(n_nodes * 24);
         let mut nodes: Vec<Node> = Vec::with_capacity(n_nodes);
-        for node in graph.getattr(intern!(py, "nodes"))?.try_iter()? {
+        // Owned references for fields read through getattr (nodes that are not exactly `Node`).
+        let mut keep: Vec<Bound<'py, PyAny>> = Vec::new();
+        for node in node_list.try_iter()? {
             let node = node?;
-            let fields = match self.t.slots {
-                // SAFETY: the node's type is exactly torch.fx.Node, whose slots `Slots::load`
-                // checked; a NULL slot falls back to getattr (which raises).
-                Some(sl) if type_ptr(&node) == self.t.node => unsafe {
-                    (
-                        read_slot(&node, sl.op),
-                        read_slot(&node, sl.name),
-                        read_slot(&node, sl.target),
-                        read_slot(&node, sl.args),
-                        read_slot(&node, sl.kwargs),
-                    )
-                },
-                _ => (None, None, None, None, None),
-            };
-            let get = |v: Option<Bound<'py, PyAny>>, attr: &Bound<'py, PyString>| match v {
-                Some(v) => Ok(v),
-                None => node.getattr(attr),
-            };
-            let op_obj = get(fields.0, intern!(py, "op"))?;
-            let op = self.op(&op_obj, &node)?;
-            let name_obj = get(fields.1, intern!(py, "name"))?;
-            let name = self.prog.push_str(name_obj.cast::<PyString>()?.to_str()?);
-            let target_obj = get(fields.2, intern!(py, "target"))?;
+            self.prefetch_ahead(&node);
+            let [op_obj, name_obj, target_obj, ..] = self.fields(&node, &mut keep)?;
+            // SAFETY (here and below): field pointers are borrowed from `node` (held) or `keep`,
+            // and stay valid until Python code runs, which only `target` may do: the argument
+            // fields are read again after it.
+            let op = unsafe { self.op(op_obj, &node)? };
+            let name = unsafe { self.text_of(name_obj) }
+                .map_err(|_| node_error(&node, "the name is not a str"))?;
+            let name = self.prog.push_str(name);
             let target =
-                self.target(op, &target_obj, gm, prefix, modules.as_ref(), &node, depth)?;
-            let args_obj = get(fields.3, intern!(py, "_args"))?;
-            let kwargs_obj = get(fields.4, intern!(py, "_kwargs"))?;
+                unsafe { self.target(op, target_obj, gm, prefix, modules.as_ref(), &node, depth)? };
+            let [.., args_obj, kwargs_obj] = self.fields(&node, &mut keep)?;
             let ctx = NodeCtx {
                 index: &index,
                 node: &node,
             };
-            let args_t = args_obj.cast::<PyTuple>()?;
-            let args = self.prog.reserve_args(args_t.len());
-            for (k, a) in args_t.iter().enumerate() {
-                let v = self.arg(&a, &ctx, 0)?;
-                self.prog.args[args.start as usize + k] = v;
-            }
-            let kw = kwargs_obj.cast::<PyDict>()?;
-            let kwargs = self.prog.reserve_args(2 * kw.len());
-            for (k, (key, v)) in kw.iter().enumerate() {
-                let key = match key.cast::<PyString>() {
-                    // Keys are mostly the same interned str objects: store each text once.
-                    Ok(s) => match self.key_spans.get(&(s.as_ptr() as usize)) {
-                        Some(&span) => Arg::Str(span),
-                        None => match s.to_str() {
-                            Ok(text) => {
-                                let span = self.prog.push_str(text);
-                                self.key_spans.insert(s.as_ptr() as usize, span);
-                                Arg::Str(span)
-                            }
-                            // A key text cannot hold (lone surrogate) is passed as a pooled str.
-                            Err(_) => Arg::Const(self.pool.intern(&key)),
-                        },
-                    },
-                    Err(_) => {
-                        return Err(node_error(&node, "a keyword argument's key is not a str"))
-                    }
-                };
-                let v = self.arg(&v, &ctx, 0)?;
-                self.prog.args[kwargs.start as usize + 2 * k] = key;
-                self.prog.args[kwargs.start as usize + 2 * k + 1] = v;
-            }
+            // SAFETY: no Python code runs while the argument objects are walked (`arg` calls
+            // only C functions of exact builtin types), so the borrowed pointers stay valid.
+            let (args, kwargs) = unsafe {
+                if ffi::PyTuple_Check(args_obj) == 0 {
+                    return Err(node_error(&node, "args is not a tuple"));
+                }
+                if ffi::PyDict_Check(kwargs_obj) == 0 {
+                    return Err(node_error(&node, "kwargs is not a dict"));
+                }
+                let n = ffi::PyTuple_GET_SIZE(args_obj);
+                let args = self.prog.reserve_args(n as usize);
+                for k in 0..n {
+                    let v = self.arg(ffi::PyTuple_GET_ITEM(args_obj, k), &ctx, 0)?;
+                    self.prog.args[args.start as usize + k as usize] = v;
+                }
+                let kwargs = self.kwargs(kwargs_obj, &ctx)?;
+                (args, kwargs)
+            };
             index.insert(node.as_ptr() as usize, nodes.len() as u32);
             nodes.push(Node {
                 op,
@@ -359,6 +387,131 @@ impl<'py> Extractor<'py> {
         }
         self.prog.graphs[gi as usize] = Graph { nodes };
         Ok(gi)
+    }
+
+    /// Reading a large graph waits on memory: each node, its name, target, args and kwargs are
+    /// separate objects. While node `i` is read, this prefetches the fields of node `i + 3` and
+    /// node `i + 4` itself (loaded by the previous steps' prefetches), following `_next` links
+    /// between exact `Node` objects only.
+    fn prefetch_ahead(&self, node: &Bound<'py, PyAny>) {
+        const AHEAD: usize = 3;
+        let Some(sl) = self.t.slots else { return };
+        let is_node = |p: *mut ffi::PyObject| {
+            // SAFETY: `p` is NULL or a live object linked from a live node.
+            !p.is_null() && unsafe { ffi::Py_TYPE(p) } as usize == self.t.node
+        };
+        let mut n = node.as_ptr();
+        // SAFETY: every pointer dereferenced here is an exact `Node` linked from `node` (held),
+        // read while no Python code runs; the field objects are only prefetched.
+        unsafe {
+            for _ in 0..AHEAD {
+                if !is_node(n) {
+                    return;
+                }
+                n = read_slot(n, sl.next);
+            }
+            if !is_node(n) {
+                return;
+            }
+            for f in [F_NAME, F_TARGET, F_ARGS, F_KWARGS] {
+                prefetch(read_slot(n, sl.fields[f]));
+            }
+            prefetch(read_slot(n, sl.next));
+        }
+    }
+
+    /// The fields of a node ([`FIELD_NAMES`]), borrowed: its member slots when it is exactly
+    /// `torch.fx.Node`, else `getattr` results (owned, kept in `keep`).
+    fn fields(
+        &self,
+        node: &Bound<'py, PyAny>,
+        keep: &mut Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<[*mut ffi::PyObject; 5]> {
+        if let Some(sl) = self.t.slots {
+            if type_ptr(node) == self.t.node {
+                // SAFETY: the node's type is exactly torch.fx.Node, whose slots `Slots::load`
+                // checked; the pointers are borrowed from the node.
+                let f = sl.fields.map(|o| unsafe { read_slot(node.as_ptr(), o) });
+                if f.iter().all(|p| !p.is_null()) {
+                    return Ok(f);
+                }
+            }
+        }
+        keep.clear();
+        let mut out = [std::ptr::null_mut(); 5];
+        for (o, name) in out.iter_mut().zip(FIELD_NAMES) {
+            let v = node.getattr(name)?;
+            *o = v.as_ptr();
+            keep.push(v);
+        }
+        Ok(out)
+    }
+
+    /// The text of a str object; compact ASCII strings (nearly every fx name) are read in place.
+    ///
+    /// # Safety
+    /// `obj` must be a live object, kept alive for the returned lifetime.
+    unsafe fn text_of<'s>(&self, obj: *mut ffi::PyObject) -> PyResult<&'s str> {
+        if ffi::PyUnicode_Check(obj) == 0 {
+            return Err(Error::Invalid("not a str".into()).into());
+        }
+        if ffi::PyUnicode_IS_COMPACT_ASCII(obj) != 0 {
+            let data = ffi::PyUnicode_DATA(obj) as *const u8;
+            let len = ffi::PyUnicode_GET_LENGTH(obj) as usize;
+            return Ok(std::str::from_utf8_unchecked(std::slice::from_raw_parts(
+                data, len,
+            )));
+        }
+        // Other strings: CPython's cached UTF-8 form (fails for lone surrogates).
+        let mut len: ffi::Py_ssize_t = 0;
+        let data = ffi::PyUnicode_AsUTF8AndSize(obj, &mut len);
+        if data.is_null() {
+            return Err(PyErr::fetch(self.py));
+        }
+        Ok(std::str::from_utf8_unchecked(std::slice::from_raw_parts(
+            data as *const u8,
+            len as usize,
+        )))
+    }
+
+    /// A node's kwargs: `key, value` pairs in [`Program::args`].
+    ///
+    /// # Safety
+    /// `kw` must be a live dict (or subclass) that no Python code mutates during the call.
+    unsafe fn kwargs(&mut self, kw: *mut ffi::PyObject, ctx: &NodeCtx<'_, 'py>) -> PyResult<Span> {
+        let n = ffi::PyDict_Size(kw) as usize;
+        let span = self.prog.reserve_args(2 * n);
+        let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+        let mut k = 0;
+        while k < n && ffi::PyDict_Next(kw, &mut pos, &mut key, &mut value) != 0 {
+            // Keys are mostly the same interned str objects: store each text once.
+            let key_arg = match self.key_spans.get(&(key as usize)) {
+                Some(&(span, _)) => Arg::Str(span),
+                None if ffi::PyUnicode_Check(key) == 0 => {
+                    return Err(node_error(
+                        ctx.node,
+                        "a keyword argument's key is not a str",
+                    ))
+                }
+                None => {
+                    let owned = Bound::from_borrowed_ptr(self.py, key);
+                    match self.text_of(key) {
+                        Ok(text) => {
+                            let s = self.prog.push_str(text);
+                            self.key_spans.insert(key as usize, (s, owned));
+                            Arg::Str(s)
+                        }
+                        // A key text cannot hold (lone surrogate) is passed as a pooled str.
+                        Err(_) => Arg::Const(self.pool.intern(&owned)),
+                    }
+                }
+            };
+            let v = self.arg(value, ctx, 0)?;
+            self.prog.args[span.start as usize + 2 * k] = key_arg;
+            self.prog.args[span.start as usize + 2 * k + 1] = v;
+            k += 1;
+        }
+        Ok(span)
     }
 
     /// The child module at dotted path `path` of `gm`: `gm._modules[path]` for a plain name
@@ -400,49 +553,51 @@ impl<'py> Extractor<'py> {
     }
 
     /// The op of a node: a pointer compare against the interned op names fx uses, else text.
-    fn op(&self, op: &Bound<'py, PyAny>, node: &Bound<'py, PyAny>) -> PyResult<Op> {
-        let py = self.py;
-        let known = [
-            (intern!(py, "call_function"), Op::CallFunction),
-            (intern!(py, "call_module"), Op::CallModule),
-            (intern!(py, "placeholder"), Op::Placeholder),
-            (intern!(py, "call_method"), Op::CallMethod),
-            (intern!(py, "get_attr"), Op::GetAttr),
-            (intern!(py, "output"), Op::Output),
-        ];
-        if let Some((_, o)) = known.iter().find(|(s, _)| s.is(op)) {
+    ///
+    /// # Safety
+    /// `op` must be a live object.
+    unsafe fn op(&self, op: *mut ffi::PyObject, node: &Bound<'py, PyAny>) -> PyResult<Op> {
+        if let Some((_, o)) = self.t.ops.iter().find(|(p, _)| *p == op as usize) {
             return Ok(*o);
         }
-        let text = op.cast::<PyString>()?.to_str()?;
-        match known.iter().find(|(s, _)| s.to_str().ok() == Some(text)) {
+        let text = self
+            .text_of(op)
+            .map_err(|_| node_error(node, "op is not a str"))?;
+        match OPS.iter().find(|(s, _)| *s == text) {
             Some((_, o)) => Ok(*o),
             None => Err(node_error(node, format!("unknown op {text:?}"))),
         }
     }
 
+    /// The target of a node. May run Python code (the resolver, `get_attr` chains, reading a
+    /// child graph), so every pointer read from the node before this call is dead after it.
+    ///
+    /// # Safety
+    /// `t` must be borrowed from `node` (held by the caller).
     #[allow(clippy::too_many_arguments)]
-    fn target(
+    unsafe fn target(
         &mut self,
         op: Op,
-        t: &Bound<'py, PyAny>,
+        t: *mut ffi::PyObject,
         gm: &Bound<'py, PyAny>,
         prefix: &str,
         modules: Option<&Bound<'py, PyDict>>,
         node: &Bound<'py, PyAny>,
         depth: usize,
     ) -> PyResult<Target> {
-        let text = |t: &Bound<'py, PyAny>| -> PyResult<Bound<'py, PyString>> {
-            match t.cast::<PyString>() {
-                Ok(s) => Ok(s.clone()),
-                Err(_) => Err(node_error(node, "the target is not a str")),
-            }
+        let text = |t: *mut ffi::PyObject| {
+            self.text_of(t)
+                .map_err(|_| node_error(node, "the target is not a str"))
         };
         Ok(match op {
-            Op::Placeholder => Target::Param(self.prog.push_str(text(t)?.to_str()?)),
+            Op::Placeholder => Target::Param(self.prog.push_str(text(t)?)),
             Op::Output => Target::None,
-            Op::CallMethod => Target::Method(self.prog.push_str(text(t)?.to_str()?)),
+            Op::CallMethod => Target::Method(self.prog.push_str(text(t)?)),
             Op::GetAttr => {
-                let path = text(t)?;
+                let path = Bound::from_borrowed_ptr(self.py, t);
+                let path = path
+                    .cast::<PyString>()
+                    .map_err(|_| node_error(node, "the target is not a str"))?;
                 let path = path.to_str()?;
                 let mut obj = gm.clone();
                 for part in path.split('.') {
@@ -453,8 +608,7 @@ impl<'py> Extractor<'py> {
                 Target::Const(self.pool.intern(&obj))
             }
             Op::CallModule => {
-                let local_s = text(t)?;
-                let local = local_s.to_str()?;
+                let local = text(t)?;
                 let qual_buf;
                 let qual: &str = if prefix.is_empty() {
                     local
@@ -466,11 +620,13 @@ impl<'py> Extractor<'py> {
                 if let Some(i) = self.find_submod(h, qual) {
                     return Ok(Target::Submod(i));
                 }
-                let child = self.child(gm, modules, t, local).ok_or_else(|| {
-                    node_error(node, format!("missing child: no submodule named {local:?}"))
-                })?;
                 let i = self.prog.submods.len() as u32;
                 let name = self.prog.push_str(qual);
+                // Python code may run from here on: hold the target (`local` is its text).
+                let t = Bound::from_borrowed_ptr(self.py, t);
+                let child = self.child(gm, modules, &t, local).ok_or_else(|| {
+                    node_error(node, format!("missing child: no submodule named {local:?}"))
+                })?;
                 self.prog.submods.push(Submod {
                     name,
                     kind: SubmodKind::Opaque,
@@ -486,36 +642,44 @@ impl<'py> Extractor<'py> {
                     }
                 };
                 if inline {
-                    let g = self.graph(&child, &format!("{qual}."), depth + 1)?;
+                    let qual = format!("{}.", self.prog.str(name));
+                    let g = self.graph(&child, &qual, depth + 1)?;
                     self.prog.submods[i as usize].kind = SubmodKind::Inline(g);
                 }
                 Target::Submod(i)
             }
             Op::CallFunction => {
-                let id = t.as_ptr() as usize;
-                if let Some(&known) = self.targets.get(&id) {
-                    return Ok(known);
+                let id = t as usize;
+                if let Some((known, _)) = self.targets.get(&id) {
+                    return Ok(*known);
                 }
+                // The map holds the target so its id cannot be reused while this pass runs.
+                let t = Bound::from_borrowed_ptr(self.py, t);
                 let resolved = if id == self.t.getitem {
                     Target::Getitem
                 } else {
-                    let name = self.resolver.call1((t,))?;
+                    let name = self.resolver.call1((&t,))?;
                     match name.cast::<PyString>() {
                         Ok(s) if names::check_untrusted_call_name(s.to_str()?).is_ok() => {
                             Target::Name(self.prog.push_str(s.to_str()?))
                         }
-                        _ => Target::Const(self.pool.intern(t)),
+                        _ => Target::Const(self.pool.intern(&t)),
                     }
                 };
-                self.targets.insert(id, resolved);
+                self.targets.insert(id, (resolved, t));
                 resolved
             }
         })
     }
 
-    fn arg(
+    /// One argument value.
+    ///
+    /// # Safety
+    /// `a` must be a live object that no Python code frees during the call; this function
+    /// calls no Python code itself (only C functions of exact builtin and torch types).
+    unsafe fn arg(
         &mut self,
-        a: &Bound<'py, PyAny>,
+        a: *mut ffi::PyObject,
         ctx: &NodeCtx<'_, 'py>,
         depth: usize,
     ) -> PyResult<Arg> {
@@ -525,78 +689,92 @@ impl<'py> Extractor<'py> {
                 "arguments nest too deeply (or contain themselves)",
             ));
         }
-        let ty = type_ptr(a);
-        if ty == self.t.node {
+        let ty = ffi::Py_TYPE(a);
+        let tyu = ty as usize;
+        if tyu == self.t.node {
             return self.node_ref(a, ctx);
         }
-        if a.is_none() {
+        if a == ffi::Py_None() {
             return Ok(Arg::None);
         }
-        if a.is_exact_instance_of::<PyBool>() {
-            return Ok(Arg::Bool(a.is_truthy()?));
+        if ty == &raw mut ffi::PyBool_Type {
+            return Ok(Arg::Bool(a == ffi::Py_True()));
         }
-        if a.is_exact_instance_of::<PyInt>() {
-            return Ok(match a.extract::<i64>() {
-                Ok(v) => Arg::Int(v),
-                Err(_) => Arg::BigInt(self.prog.push_str(a.str()?.to_str()?)),
-            });
+        if ty == &raw mut ffi::PyLong_Type {
+            let mut overflow = 0;
+            let v = ffi::PyLong_AsLongAndOverflow(a, &mut overflow);
+            if overflow == 0 {
+                return Ok(Arg::Int(v));
+            }
+            let text = Bound::from_borrowed_ptr(self.py, a).str()?;
+            return Ok(Arg::BigInt(self.prog.push_str(text.to_str()?)));
         }
-        if a.is_exact_instance_of::<PyFloat>() {
-            return Ok(Arg::Float(a.extract::<f64>()?));
+        if ty == &raw mut ffi::PyFloat_Type {
+            return Ok(Arg::Float(ffi::PyFloat_AS_DOUBLE(a)));
         }
-        if let Ok(s) = a.cast_exact::<PyString>() {
-            return Ok(match s.to_str() {
+        if ty == &raw mut ffi::PyUnicode_Type {
+            return Ok(match self.text_of(a) {
                 Ok(text) => Arg::Str(self.prog.push_str(text)),
                 // Lone surrogates cannot be UTF-8: keep the object itself.
-                Err(_) => Arg::Const(self.pool.intern(a)),
+                Err(_) => Arg::Const(self.pool.intern(&Bound::from_borrowed_ptr(self.py, a))),
             });
         }
-        if let Ok(b) = a.cast_exact::<PyBytes>() {
+        if ty == &raw mut ffi::PyBytes_Type {
+            let b = Borrowed::from_ptr(self.py, a).cast_unchecked::<PyBytes>();
             return Ok(Arg::Bytes(self.prog.push_bytes(b.as_bytes())));
         }
-        if let Ok(t) = a.cast_exact::<PyTuple>() {
-            let span = self.prog.reserve_args(t.len());
-            for (k, item) in t.iter().enumerate() {
-                let v = self.arg(&item, ctx, depth + 1)?;
-                self.prog.args[span.start as usize + k] = v;
+        if ty == &raw mut ffi::PyTuple_Type {
+            let n = ffi::PyTuple_GET_SIZE(a);
+            let span = self.prog.reserve_args(n as usize);
+            for k in 0..n {
+                let v = self.arg(ffi::PyTuple_GET_ITEM(a, k), ctx, depth + 1)?;
+                self.prog.args[span.start as usize + k as usize] = v;
             }
             return Ok(Arg::Tuple(span));
         }
-        if a.is_exact_instance_of::<PyList>() || ty == self.t.ilist {
-            let l = a.cast::<PyList>()?;
-            let span = self.prog.reserve_args(l.len());
-            for (k, item) in l.iter().enumerate().take(span.len as usize) {
-                let v = self.arg(&item, ctx, depth + 1)?;
-                self.prog.args[span.start as usize + k] = v;
+        if ty == &raw mut ffi::PyList_Type || tyu == self.t.ilist {
+            let n = ffi::PyList_GET_SIZE(a);
+            let span = self.prog.reserve_args(n as usize);
+            for k in 0..n {
+                let v = self.arg(ffi::PyList_GET_ITEM(a, k), ctx, depth + 1)?;
+                self.prog.args[span.start as usize + k as usize] = v;
             }
             return Ok(Arg::List(span));
         }
-        if a.is_exact_instance_of::<PyDict>() || ty == self.t.idict {
-            let d = a.cast::<PyDict>()?;
-            let span = self.prog.reserve_args(2 * d.len());
-            for (k, (key, v)) in d.iter().enumerate().take(span.len as usize / 2) {
-                let kv = self.arg(&key, ctx, depth + 1)?;
-                let vv = self.arg(&v, ctx, depth + 1)?;
+        if ty == &raw mut ffi::PyDict_Type || tyu == self.t.idict {
+            let n = ffi::PyDict_Size(a) as usize;
+            let span = self.prog.reserve_args(2 * n);
+            let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+            let mut k = 0;
+            while k < n && ffi::PyDict_Next(a, &mut pos, &mut key, &mut value) != 0 {
+                let kv = self.arg(key, ctx, depth + 1)?;
+                let vv = self.arg(value, ctx, depth + 1)?;
                 self.prog.args[span.start as usize + 2 * k] = kv;
                 self.prog.args[span.start as usize + 2 * k + 1] = vv;
+                k += 1;
             }
             return Ok(Arg::Dict(span));
         }
-        if ty == self.t.device {
-            return Ok(Arg::Const(self.pool.intern_device(a)?));
+        let owned = Bound::from_borrowed_ptr(self.py, a);
+        if tyu == self.t.device {
+            return Ok(Arg::Const(self.pool.intern_device(&owned)?));
         }
-        if a.is_instance(&self.t.node_type)? {
+        // A subclass of Node (a type check in C: no `__class__` lookup, no Python code).
+        if ffi::PyType_IsSubtype(ty, self.t.node as *mut ffi::PyTypeObject) != 0 {
             return self.node_ref(a, ctx);
         }
-        Ok(Arg::Const(self.pool.intern(a)))
+        Ok(Arg::Const(self.pool.intern(&owned)))
     }
 
-    fn node_ref(&mut self, a: &Bound<'py, PyAny>, ctx: &NodeCtx<'_, 'py>) -> PyResult<Arg> {
-        if let Some(&i) = ctx.index.get(&(a.as_ptr() as usize)) {
+    /// # Safety
+    /// `a` must be a live object.
+    unsafe fn node_ref(&mut self, a: *mut ffi::PyObject, ctx: &NodeCtx<'_, 'py>) -> PyResult<Arg> {
+        if let Some(i) = ctx.index.get(a as usize) {
             return Ok(Arg::Node(i));
         }
+        let a = Bound::from_borrowed_ptr(self.py, a);
         if let Some(loose) = &mut self.loose {
-            loose.push(a.getattr(intern!(self.py, "name"))?.str()?.to_string());
+            loose.push(a);
             return Ok(Arg::Node(loose.len() as u32 - 1));
         }
         let name = a
@@ -612,12 +790,13 @@ impl<'py> Extractor<'py> {
     /// Extracts one loose value (vLLM's `_node_ref`): nodes are named, not resolved.
     pub fn loose_arg(&mut self, a: &Bound<'py, PyAny>) -> PyResult<Arg> {
         self.loose = Some(Vec::new());
-        let index = FxHashMap::default();
+        let index = NodeIndex::with_capacity(0);
         let ctx = NodeCtx {
             index: &index,
             node: a,
         };
-        let v = self.arg(a, &ctx, 0)?;
+        // SAFETY: `a` is held by the caller; no Python code runs during the walk.
+        let v = unsafe { self.arg(a.as_ptr(), &ctx, 0)? };
         self.prog.n_consts = self.pool.objects.len() as u32;
         Ok(v)
     }

@@ -198,7 +198,8 @@ mod core_ext {
         let mut ex = Extractor::new(py, resolver.clone(), Pool::seeded(consts, const_index)?)?;
         let a = ex.loose_arg(arg)?;
         let mut names = Names::default();
-        for n in ex.loose.take().unwrap_or_default() {
+        for node in ex.loose.take().unwrap_or_default() {
+            let n = node.getattr("name")?.str()?.to_string();
             let start = names.text.len() as u32;
             names.text.push_str(&n);
             names.spans.push((start, n.len() as u32));
