@@ -7,7 +7,7 @@ use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
 use crate::ir::{Arg, Graph, Node, Op, Program, Span, SubmodKind, Target};
-use crate::literal;
+use crate::literal::{self, put};
 use crate::liveness::{self, Liveness};
 use crate::names::{self, Names, Reserved};
 
@@ -113,7 +113,13 @@ pub fn emit(p: &Program, layout: &Layout) -> String {
         out: String::with_capacity(256 + nodes * 40 + p.text.len() * 2),
         floats: FxHashMap::default(),
         float_text: String::new(),
-        plain_keys: FxHashMap::default(),
+        plain_keys: [(
+            Span {
+                start: 0,
+                len: u32::MAX,
+            },
+            false,
+        ); PLAIN_KEYS],
         params: FxHashMap::default(),
     };
     if layout.header {
@@ -146,7 +152,13 @@ pub fn format_arg(p: &Program, arg: &Arg, names: &Names, style: Style) -> String
         out: String::new(),
         floats: FxHashMap::default(),
         float_text: String::new(),
-        plain_keys: FxHashMap::default(),
+        plain_keys: [(
+            Span {
+                start: 0,
+                len: u32::MAX,
+            },
+            false,
+        ); PLAIN_KEYS],
         params: FxHashMap::default(),
     };
     e.arg(arg, names);
@@ -159,14 +171,16 @@ enum Head {
     Inline(u32),
 }
 
+const PLAIN_KEYS: usize = 16;
+
 struct Emitter<'a> {
     p: &'a Program,
     layout: &'a Layout<'a>,
     out: String,
     floats: FxHashMap<u64, (u32, u32)>,
     float_text: String,
-    /// Whether the keyword key with a given text span is passed as `key=` (callee-free calls).
-    plain_keys: FxHashMap<u64, bool>,
+    /// `(key span, passes as key=)` of recently seen keyword keys (callee-free calls).
+    plain_keys: [(Span, bool); PLAIN_KEYS],
     /// Parameters of inlined children called with keywords, by graph.
     params: FxHashMap<u32, Rc<Vec<(String, String)>>>,
 }
@@ -185,25 +199,28 @@ fn kw_ident<'s>(key: &'s str, callee: Option<&'s [(String, String)]>) -> Option<
 
 impl<'a> Emitter<'a> {
     fn num(&mut self, v: u32) {
-        self.out.push_str(itoa::Buffer::new().format(v));
+        put(&mut self.out, itoa::Buffer::new().format(v));
     }
 
     fn inline_name(&mut self, i: u32) {
-        self.out.push_str(match self.layout.style {
-            Style::Native => "__fx_f",
-            Style::Vllm => "__vllm_inlined_submods__",
-        });
+        put(
+            &mut self.out,
+            match self.layout.style {
+                Style::Native => "__fx_f",
+                Style::Vllm => "__vllm_inlined_submods__",
+            },
+        );
         self.num(i);
     }
 
     fn submod_ref(&mut self, i: u32) {
         match self.layout.style {
             Style::Native => {
-                self.out.push_str("__fx_s");
+                put(&mut self.out, "__fx_s");
                 self.num(i);
             }
             Style::Vllm => {
-                self.out.push_str("__vllm_submods__[");
+                put(&mut self.out, "__vllm_submods__[");
                 self.num(i);
                 self.out.push(']');
             }
@@ -213,11 +230,11 @@ impl<'a> Emitter<'a> {
     fn const_ref(&mut self, k: u32) {
         match self.layout.style {
             Style::Native => {
-                self.out.push_str("__fx_c");
+                put(&mut self.out, "__fx_c");
                 self.num(k);
             }
             Style::Vllm => {
-                self.out.push_str("__vllm_consts__[");
+                put(&mut self.out, "__vllm_consts__[");
                 self.num(k);
                 self.out.push(']');
             }
@@ -228,9 +245,9 @@ impl<'a> Emitter<'a> {
         let p = self.p;
         let names = names::assign(p, g, reserved);
         let live = liveness::compute(p, g);
-        self.out.push_str("def ");
+        put(&mut self.out, "def ");
         match head {
-            Head::Root => self.out.push_str(self.layout.fn_name),
+            Head::Root => put(&mut self.out, self.layout.fn_name),
             Head::Inline(i) => self.inline_name(i),
         }
         self.out.push('(');
@@ -240,10 +257,10 @@ impl<'a> Emitter<'a> {
                 continue;
             }
             if !first {
-                self.out.push_str(", ");
+                put(&mut self.out, ", ");
             }
             first = false;
-            self.out.push_str(names.get(j as u32));
+            put(&mut self.out, names.get(j as u32));
             if node.args.len == 1 {
                 self.out.push('=');
                 self.arg(&p.args[node.args.start as usize], &names);
@@ -252,11 +269,11 @@ impl<'a> Emitter<'a> {
         if matches!(head, Head::Root) && self.layout.style == Style::Vllm && self.layout.with_submod
         {
             if !first {
-                self.out.push_str(", ");
+                put(&mut self.out, ", ");
             }
-            self.out.push_str("*, __vllm_submods__");
+            put(&mut self.out, "*, __vllm_submods__");
         }
-        self.out.push_str("):\n");
+        put(&mut self.out, "):\n");
         let mut returned = false;
         let mut j = 0;
         while j < g.nodes.len() {
@@ -269,7 +286,7 @@ impl<'a> Emitter<'a> {
                 self.expr(node, &names);
                 self.out.push('[');
                 self.arg(&p.args[next.args.start as usize + 1], &names);
-                self.out.push_str("]\n");
+                put(&mut self.out, "]\n");
                 self.dels(&[live.after(j), live.after(j + 1)], j as u32, &names);
                 j += 2;
                 continue;
@@ -280,7 +297,7 @@ impl<'a> Emitter<'a> {
             j += 1;
         }
         if !returned {
-            self.out.push_str("    return None\n");
+            put(&mut self.out, "    return None\n");
         }
     }
 
@@ -291,9 +308,9 @@ impl<'a> Emitter<'a> {
             if i == skip {
                 continue;
             }
-            self.out.push_str(if first { "    del " } else { ", " });
+            put(&mut self.out, if first { "    del " } else { ", " });
             first = false;
-            self.out.push_str(names.get(i));
+            put(&mut self.out, names.get(i));
         }
         if !first {
             self.out.push('\n');
@@ -320,18 +337,18 @@ impl<'a> Emitter<'a> {
     }
 
     fn lhs(&mut self, j: u32, names: &Names) {
-        self.out.push_str("    ");
-        self.out.push_str(names.get(j));
-        self.out.push_str(" = ");
+        put(&mut self.out, "    ");
+        put(&mut self.out, names.get(j));
+        put(&mut self.out, " = ");
     }
 
     fn statement(&mut self, node: &Node, j: u32, names: &Names) {
         match node.op {
             Op::Placeholder => {}
             Op::Output => {
-                self.out.push_str("    return ");
+                put(&mut self.out, "    return ");
                 match node.args.len {
-                    0 => self.out.push_str("None"),
+                    0 => put(&mut self.out, "None"),
                     _ => self.arg(&self.p.args[node.args.start as usize], names),
                 }
                 self.out.push('\n');
@@ -379,16 +396,16 @@ impl<'a> Emitter<'a> {
             }
             (Op::CallFunction, t) => {
                 match t {
-                    Target::Name(s) => self.out.push_str(p.str(s)),
+                    Target::Name(s) => put(&mut self.out, p.str(s)),
                     Target::Const(k) => self.const_ref(k),
-                    _ => self.out.push_str("operator.getitem"),
+                    _ => put(&mut self.out, "operator.getitem"),
                 }
                 self.call_args(node.args, node.kwargs, None, names);
             }
             (Op::CallMethod, Target::Method(m)) => {
                 self.receiver(&p.args[node.args.start as usize], names);
                 self.out.push('.');
-                self.out.push_str(p.str(m));
+                put(&mut self.out, p.str(m));
                 let rest = Span {
                     start: node.args.start + 1,
                     len: node.args.len - 1,
@@ -396,7 +413,7 @@ impl<'a> Emitter<'a> {
                 self.call_args(rest, node.kwargs, None, names);
             }
             // Unreachable for validated programs; keep the output well-formed regardless.
-            _ => self.out.push_str("None"),
+            _ => put(&mut self.out, "None"),
         }
     }
 
@@ -421,7 +438,7 @@ impl<'a> Emitter<'a> {
         let mut first = true;
         for a in &p.args[args.range()] {
             if !first {
-                self.out.push_str(", ");
+                put(&mut self.out, ", ");
             }
             first = false;
             self.arg(a, names);
@@ -440,14 +457,14 @@ impl<'a> Emitter<'a> {
             _ => false,
         });
         if !first {
-            self.out.push_str(", ");
+            put(&mut self.out, ", ");
         }
         if !all_plain {
-            self.out.push_str("**{");
+            put(&mut self.out, "**{");
         }
         for (k, pair) in kw.chunks_exact(2).enumerate() {
             if k > 0 {
-                self.out.push_str(", ");
+                put(&mut self.out, ", ");
             }
             let ident = match pair[0] {
                 Arg::Str(key) => self.key_ident(key, callee),
@@ -455,16 +472,16 @@ impl<'a> Emitter<'a> {
             };
             match (all_plain, ident) {
                 (true, Some(id)) => {
-                    self.out.push_str(id);
+                    put(&mut self.out, id);
                     self.out.push('=');
                 }
                 (_, Some(id)) => {
                     literal::str_repr(&mut self.out, id);
-                    self.out.push_str(": ");
+                    put(&mut self.out, ": ");
                 }
                 (_, None) => {
                     self.arg(&pair[0], names);
-                    self.out.push_str(": ");
+                    put(&mut self.out, ": ");
                 }
             }
             self.arg(&pair[1], names);
@@ -475,8 +492,8 @@ impl<'a> Emitter<'a> {
         self.out.push(')');
     }
 
-    /// The identifier keyword `key` is passed under (see [`kw_ident`]); plain keys repeat across
-    /// nodes with one span per distinct key, so each is checked once.
+    /// The identifier keyword `key` is passed under (see [`kw_ident`]). Keys repeat with one
+    /// span per distinct key object, so plain keys are remembered in a small direct-mapped table.
     fn key_ident<'s>(
         &mut self,
         key: Span,
@@ -486,14 +503,14 @@ impl<'a> Emitter<'a> {
         'a: 's,
     {
         let p = self.p;
-        match callee {
-            None => self
-                .plain_keys
-                .entry(((key.start as u64) << 32) | key.len as u64)
-                .or_insert_with(|| kw_ident(p.str(key), None).is_some())
-                .then_some(p.str(key)),
-            Some(_) => kw_ident(p.str(key), callee),
+        if callee.is_some() {
+            return kw_ident(p.str(key), callee);
         }
+        let slot = &mut self.plain_keys[key.start as usize % PLAIN_KEYS];
+        if slot.0 != key {
+            *slot = (key, kw_ident(p.str(key), None).is_some());
+        }
+        slot.1.then(|| p.str(key))
     }
 
     /// `(traced parameter name, identifier)` of an inlined child's placeholders, computed once
@@ -533,7 +550,7 @@ impl<'a> Emitter<'a> {
         let start = self.float_text.len();
         literal::float(&mut self.float_text, v);
         let text = &self.float_text[start..];
-        self.out.push_str(text);
+        put(&mut self.out, text);
         self.floats
             .insert(bits, (start as u32, (self.float_text.len() - start) as u32));
     }
@@ -541,7 +558,7 @@ impl<'a> Emitter<'a> {
     fn items(&mut self, s: Span, names: &Names) {
         for (k, a) in self.p.args[s.range()].iter().enumerate() {
             if k > 0 {
-                self.out.push_str(", ");
+                put(&mut self.out, ", ");
             }
             self.arg(a, names);
         }
@@ -550,11 +567,11 @@ impl<'a> Emitter<'a> {
     fn arg(&mut self, a: &Arg, names: &Names) {
         let p = self.p;
         match *a {
-            Arg::Node(i) => self.out.push_str(names.get(i)),
-            Arg::None => self.out.push_str("None"),
-            Arg::Bool(b) => self.out.push_str(if b { "True" } else { "False" }),
+            Arg::Node(i) => put(&mut self.out, names.get(i)),
+            Arg::None => put(&mut self.out, "None"),
+            Arg::Bool(b) => put(&mut self.out, if b { "True" } else { "False" }),
             Arg::Int(v) => literal::int(&mut self.out, v),
-            Arg::BigInt(s) => self.out.push_str(p.str(s)),
+            Arg::BigInt(s) => put(&mut self.out, p.str(s)),
             Arg::Float(v) => self.float(v),
             Arg::Str(s) => literal::str_repr(&mut self.out, p.str(s)),
             Arg::Bytes(s) => literal::bytes_repr(&mut self.out, p.raw(s)),
@@ -576,10 +593,10 @@ impl<'a> Emitter<'a> {
                 self.out.push('{');
                 for (k, pair) in p.args[s.range()].chunks_exact(2).enumerate() {
                     if k > 0 {
-                        self.out.push_str(", ");
+                        put(&mut self.out, ", ");
                     }
                     self.arg(&pair[0], names);
-                    self.out.push_str(": ");
+                    put(&mut self.out, ": ");
                     self.arg(&pair[1], names);
                 }
                 self.out.push('}');

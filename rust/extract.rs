@@ -247,26 +247,72 @@ pub struct Extractor<'py> {
     key_spans: FxHashMap<usize, (Span, Bound<'py, PyAny>)>,
     /// Whether a child of this type is a plain GraphModule (inlined), by type pointer.
     inline_types: FxHashMap<usize, bool>,
+    /// Per submodule, a str object equal to its qualified name when one exists (the target).
+    pub submod_names: Vec<Option<Bound<'py, PyAny>>>,
     /// For `_node_ref`: nodes met outside any graph, in order (named by their own names).
     pub loose: Option<Vec<Bound<'py, PyAny>>>,
 }
 
-/// Node object -> index in its graph, for the nodes read so far.
-struct NodeIndex(FxHashMap<usize, u32>);
+/// Node object -> index in its graph, for the nodes read so far: an open-addressing table
+/// keyed by object address (never 0), at most half full.
+struct NodeIndex {
+    slots: Vec<(usize, u32)>,
+    len: usize,
+}
 
 impl NodeIndex {
     fn with_capacity(n: usize) -> Self {
-        let mut m = FxHashMap::default();
-        m.reserve(n);
-        NodeIndex(m)
+        NodeIndex {
+            slots: vec![(0, 0); (2 * n).next_power_of_two().max(8)],
+            len: 0,
+        }
     }
 
+    #[inline]
+    fn home(&self, ptr: usize) -> usize {
+        // Objects are 16-byte aligned: mix the remaining bits (Fibonacci hashing).
+        let h = ((ptr >> 4) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> 32) as usize & (self.slots.len() - 1)
+    }
+
+    #[inline]
     fn get(&self, ptr: usize) -> Option<u32> {
-        self.0.get(&ptr).copied()
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(ptr);
+        loop {
+            match self.slots[i] {
+                (0, _) => return None,
+                (k, v) if k == ptr => return Some(v),
+                _ => i = (i + 1) & mask,
+            }
+        }
     }
 
-    fn insert(&mut self, ptr: usize, i: u32) {
-        self.0.insert(ptr, i);
+    fn insert(&mut self, ptr: usize, v: u32) {
+        if 2 * (self.len + 1) > self.slots.len() {
+            let bigger = vec![(0, 0); 2 * self.slots.len()];
+            let old = std::mem::replace(&mut self.slots, bigger);
+            self.len = 0;
+            for (k, v) in old.into_iter().filter(|&(k, _)| k != 0) {
+                self.insert(k, v);
+            }
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(ptr);
+        loop {
+            match self.slots[i] {
+                (0, _) => {
+                    self.slots[i] = (ptr, v);
+                    self.len += 1;
+                    return;
+                }
+                (k, _) if k == ptr => {
+                    self.slots[i].1 = v;
+                    return;
+                }
+                _ => i = (i + 1) & mask,
+            }
+        }
     }
 }
 
@@ -302,6 +348,7 @@ impl<'py> Extractor<'py> {
             submods: FxHashMap::default(),
             key_spans: FxHashMap::default(),
             inline_types: FxHashMap::default(),
+            submod_names: Vec::new(),
             loose: None,
         })
     }
@@ -631,6 +678,9 @@ impl<'py> Extractor<'py> {
                     name,
                     kind: SubmodKind::Opaque,
                 });
+                // A root-level child's qualified name is its target's text: return that object.
+                let same = prefix.is_empty() && t.is_exact_instance_of::<PyString>();
+                self.submod_names.push(same.then(|| t.clone()));
                 self.submods.entry(h).or_insert(i);
                 let ty = type_ptr(&child);
                 let inline = match self.inline_types.get(&ty) {

@@ -80,8 +80,14 @@ mod core_ext {
             .collect()
     }
 
-    fn submod_list<'py>(py: Python<'py>, p: &crate::Program) -> PyResult<Bound<'py, PyList>> {
-        PyList::new(py, (0..p.submods.len() as u32).map(|i| p.submod_name(i)))
+    /// The submodule names as a list of str, reusing the target objects that spell them.
+    fn submod_list<'py>(py: Python<'py>, ex: &Extractor<'py>) -> PyResult<Bound<'py, PyList>> {
+        let p = &ex.prog;
+        let items = (0..p.submods.len() as u32).map(|i| match ex.submod_names.get(i as usize) {
+            Some(Some(obj)) => Ok(obj.clone()),
+            _ => source_str(py, p.submod_name(i)).map(Bound::into_any),
+        });
+        PyList::new(py, items.collect::<PyResult<Vec<_>>>()?)
     }
 
     /// generate(gm, resolver, style="native", fn_name="execution_fn", with_submod=True,
@@ -116,9 +122,10 @@ mod core_ext {
         check_layout(&ex.prog, &layout)?;
         let prog = &ex.prog;
         let code = py.detach(|| crate::emit::emit(prog, &layout));
-        let names = submod_list(py, prog)?;
+        let names = submod_list(py, &ex)?;
         let out = write_back(py, &ex.pool, consts, const_index)?;
-        drop(ex.prog);
+        // Free the node list before the source is copied into a str (peak memory).
+        drop(ex);
         Ok((source_str(py, &code)?, names, out))
     }
 
@@ -197,13 +204,12 @@ mod core_ext {
         let style = self::style(style)?;
         let mut ex = Extractor::new(py, resolver.clone(), Pool::seeded(consts, const_index)?)?;
         let a = ex.loose_arg(arg)?;
-        let mut names = Names::default();
-        for node in ex.loose.take().unwrap_or_default() {
-            let n = node.getattr("name")?.str()?.to_string();
-            let start = names.text.len() as u32;
-            names.text.push_str(&n);
-            names.spans.push((start, n.len() as u32));
-        }
+        let loose = ex.loose.take().unwrap_or_default();
+        let list = loose
+            .iter()
+            .map(|node| Ok(node.getattr("name")?.str()?.to_string()))
+            .collect::<PyResult<Vec<String>>>()?;
+        let names = Names::from_list(&list);
         let text = format_arg(&ex.prog, &a, &names, style);
         write_back(py, &ex.pool, Some(consts), Some(const_index))?;
         Ok(text)

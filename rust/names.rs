@@ -417,17 +417,44 @@ impl Reserved<'_> {
     }
 }
 
-/// Identifiers of one function's nodes: `span[i]` of node `i`, in [`Names::text`].
+/// Identifiers of one function's nodes. Most are the node's own name, pointed to in the
+/// program's text; renamed ones live in [`Names::extra`].
 #[derive(Debug, Default)]
-pub struct Names {
-    pub text: String,
-    pub spans: Vec<(u32, u32)>,
+pub struct Names<'a> {
+    base: &'a str,
+    extra: String,
+    /// `(start, len)` of node `i`'s identifier; `len & EXTRA` marks one in `extra`.
+    spans: Vec<(u32, u32)>,
 }
 
-impl Names {
+const EXTRA: u32 = 1 << 31;
+
+impl<'a> Names<'a> {
+    /// Names given in full (loose values of vLLM's `_node_ref`), node `i` named `list[i]`.
+    pub fn from_list<S: AsRef<str>>(list: &[S]) -> Names<'static> {
+        let mut out = Names::default();
+        for s in list {
+            out.push_extra(s.as_ref());
+        }
+        out
+    }
+
+    fn push_extra(&mut self, s: &str) {
+        let start = self.extra.len() as u32;
+        self.extra.push_str(s);
+        self.spans.push((start, s.len() as u32 | EXTRA));
+    }
+
+    #[inline]
     pub fn get(&self, i: u32) -> &str {
         let (s, l) = self.spans[i as usize];
-        &self.text[s as usize..(s + l) as usize]
+        let (text, l) = match l & EXTRA {
+            0 => (self.base, l),
+            _ => (self.extra.as_str(), l & !EXTRA),
+        };
+        // SAFETY: every span was made from a whole `&str` inside `base` (a node name span of the
+        // validated program) or `extra`, so it is in bounds and on char boundaries.
+        unsafe { text.get_unchecked(s as usize..(s + l) as usize) }
     }
 }
 
@@ -440,71 +467,77 @@ fn hash_bytes(b: &[u8]) -> u64 {
 
 /// Assigns every node of `g` a unique identifier: its own name when that is allowed and free,
 /// else a sanitized form with the first free `_N` suffix.
-pub fn assign(p: &Program, g: &Graph, reserved: &Reserved) -> Names {
+pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
     let n = g.nodes.len();
     let mut out = Names {
-        text: String::with_capacity(n * 12),
+        base: &p.text,
+        extra: String::new(),
         spans: Vec::with_capacity(n),
     };
     // hash of a name -> index of the first name with that hash; true collisions go to `more`.
     let mut used: FxHashMap<u64, u32> = FxHashMap::default();
     used.reserve(n);
     let mut more: Vec<(u64, u32)> = Vec::new();
-    let taken =
-        |out: &Names, used: &FxHashMap<u64, u32>, more: &[(u64, u32)], h: u64, s: &str| match used
-            .get(&h)
-        {
-            None => false,
-            Some(&i) => out.get(i) == s || more.iter().any(|&(mh, mi)| mh == h && out.get(mi) == s),
-        };
-    let mut scratch = String::new();
-    for node in &g.nodes {
-        let raw = p.str(node.name);
-        let mut h = hash_bytes(raw.as_bytes());
-        let keep = is_identifier(raw.as_bytes())
-            && !reserved.is_reserved_h(h, raw)
-            && !taken(&out, &used, &more, h, raw);
-        let chosen: &str = if keep {
-            raw
-        } else {
-            scratch.clear();
-            for (k, c) in raw.chars().enumerate() {
-                if c.is_ascii_alphanumeric() || c == '_' {
-                    if k == 0 && c.is_ascii_digit() {
-                        scratch.push('_');
-                    }
-                    scratch.push(c);
-                } else {
-                    scratch.push('_');
-                }
-            }
-            // A suffix cannot un-reserve a name that starts with the layout prefix.
-            if scratch.is_empty() || scratch.starts_with(reserved.prefix) {
-                scratch.insert(0, 'v');
-            }
-            let base_len = scratch.len();
-            let mut k = 0u64;
-            loop {
-                h = hash_bytes(scratch.as_bytes());
-                if !reserved.is_reserved_h(h, &scratch) && !taken(&out, &used, &more, h, &scratch) {
-                    break;
-                }
-                k += 1;
-                scratch.truncate(base_len);
-                scratch.push('_');
-                scratch.push_str(itoa::Buffer::new().format(k));
-            }
-            &scratch
-        };
-        let idx = out.spans.len() as u32;
-        let start = out.text.len() as u32;
-        out.text.push_str(chosen);
-        out.spans.push((start, chosen.len() as u32));
+    // Whether `s` (hash `h`) is taken; if not, records it as node `idx`'s name.
+    let mut claim = |out: &Names, h: u64, s: &str, idx: u32| -> bool {
         match used.entry(h) {
             Entry::Vacant(e) => {
                 e.insert(idx);
+                false
             }
-            Entry::Occupied(_) => more.push((h, idx)),
+            Entry::Occupied(e) => {
+                if out.get(*e.get()) == s
+                    || more.iter().any(|&(mh, mi)| mh == h && out.get(mi) == s)
+                {
+                    return true;
+                }
+                more.push((h, idx));
+                false
+            }
+        }
+    };
+    let mut scratch = String::new();
+    for (idx, node) in g.nodes.iter().enumerate() {
+        let idx = idx as u32;
+        let raw = p.str(node.name);
+        let h = hash_bytes(raw.as_bytes());
+        if is_identifier(raw.as_bytes())
+            && !reserved.is_reserved_h(h, raw)
+            && !claim(&out, h, raw, idx)
+        {
+            out.spans.push((node.name.start, node.name.len));
+            continue;
+        }
+        scratch.clear();
+        for (k, c) in raw.chars().enumerate() {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                if k == 0 && c.is_ascii_digit() {
+                    scratch.push('_');
+                }
+                scratch.push(c);
+            } else {
+                scratch.push('_');
+            }
+        }
+        // A suffix cannot un-reserve a name that starts with the layout prefix.
+        if scratch.is_empty() || scratch.starts_with(reserved.prefix) {
+            scratch.insert(0, 'v');
+        }
+        let base_len = scratch.len();
+        let mut k = 0u64;
+        // The candidate is pushed first so `claim` can compare against it by index.
+        loop {
+            let h = hash_bytes(scratch.as_bytes());
+            out.push_extra(&scratch);
+            if !reserved.is_reserved_h(h, &scratch) && !claim(&out, h, &scratch, idx) {
+                break;
+            }
+            out.spans.pop();
+            out.extra.truncate(out.extra.len() - scratch.len());
+            k += 1;
+            scratch.truncate(base_len);
+            scratch.push('_');
+            scratch.push_str(itoa::Buffer::new().format(k));
         }
     }
     out
