@@ -1,6 +1,7 @@
 //! The emitter: a validated [`Program`] in, Python source out. It cannot fail; everything it
 //! relies on was checked by [`Program::validate`] and [`check_layout`].
 
+use std::ops::Range;
 use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
@@ -104,24 +105,33 @@ pub fn check_layout(p: &Program, layout: &Layout) -> Result<()> {
     Ok(())
 }
 
+/// Functions with at least this many nodes are emitted by two threads (names and liveness
+/// side by side, then the statements in two halves): thread start-up costs about as much as
+/// emitting a few hundred nodes.
+pub const PARALLEL_MIN_NODES: usize = 16_384;
+
+/// Threads the emitter may use: 2 where the machine has them, 1 with `FXCODEGEN_THREADS=1`.
+pub fn default_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        let env = std::env::var("FXCODEGEN_THREADS").ok();
+        match env.and_then(|v| v.trim().parse::<usize>().ok()) {
+            Some(n) => n.clamp(1, 2),
+            None => std::thread::available_parallelism().map_or(1, |n| n.get().min(2)),
+        }
+    })
+}
+
 /// Emits the module source for a program that passed [`Program::validate`] and [`check_layout`].
 pub fn emit(p: &Program, layout: &Layout) -> String {
+    emit_with_threads(p, layout, default_threads())
+}
+
+/// [`emit`] with an explicit thread budget (1 or 2); the output does not depend on it.
+pub fn emit_with_threads(p: &Program, layout: &Layout, threads: usize) -> String {
     let nodes: usize = p.graphs.iter().map(|g| g.nodes.len()).sum();
-    let mut e = Emitter {
-        p,
-        layout,
-        out: String::with_capacity(256 + nodes * 40 + p.text.len() * 2),
-        floats: FxHashMap::default(),
-        float_text: String::new(),
-        plain_keys: [(
-            Span {
-                start: 0,
-                len: u32::MAX,
-            },
-            false,
-        ); PLAIN_KEYS],
-        params: FxHashMap::default(),
-    };
+    let mut e = Emitter::new(p, layout, 256 + nodes * 40 + p.text.len() * 2);
+    e.threads = threads;
     if layout.header {
         e.out.push_str("import torch\nimport operator\n");
     }
@@ -146,21 +156,7 @@ pub fn format_arg(p: &Program, arg: &Arg, names: &Names, style: Style) -> String
         with_submod: true,
         header: false,
     };
-    let mut e = Emitter {
-        p,
-        layout: &layout,
-        out: String::new(),
-        floats: FxHashMap::default(),
-        float_text: String::new(),
-        plain_keys: [(
-            Span {
-                start: 0,
-                len: u32::MAX,
-            },
-            false,
-        ); PLAIN_KEYS],
-        params: FxHashMap::default(),
-    };
+    let mut e = Emitter::new(p, &layout, 0);
     e.arg(arg, names);
     e.out
 }
@@ -183,6 +179,7 @@ struct Emitter<'a> {
     plain_keys: [(Span, bool); PLAIN_KEYS],
     /// Parameters of inlined children called with keywords, by graph.
     params: FxHashMap<u32, Rc<Vec<(String, String)>>>,
+    threads: usize,
 }
 
 /// The identifier a keyword argument is passed under, or None to pass it through `**{...}`:
@@ -198,6 +195,25 @@ fn kw_ident<'s>(key: &'s str, callee: Option<&'s [(String, String)]>) -> Option<
 }
 
 impl<'a> Emitter<'a> {
+    fn new(p: &'a Program, layout: &'a Layout<'a>, capacity: usize) -> Self {
+        Emitter {
+            p,
+            layout,
+            out: String::with_capacity(capacity),
+            floats: FxHashMap::default(),
+            float_text: String::new(),
+            plain_keys: [(
+                Span {
+                    start: 0,
+                    len: u32::MAX,
+                },
+                false,
+            ); PLAIN_KEYS],
+            params: FxHashMap::default(),
+            threads: 1,
+        }
+    }
+
     fn num(&mut self, v: u32) {
         put(&mut self.out, itoa::Buffer::new().format(v));
     }
@@ -243,8 +259,17 @@ impl<'a> Emitter<'a> {
 
     fn function(&mut self, g: &Graph, head: Head, reserved: &Reserved) {
         let p = self.p;
-        let names = names::assign(p, g, reserved);
-        let live = liveness::compute(p, g);
+        let n = g.nodes.len();
+        let parallel = self.threads > 1 && n >= PARALLEL_MIN_NODES;
+        let (names, live) = if parallel {
+            std::thread::scope(|s| {
+                let live = s.spawn(|| liveness::compute(p, g));
+                let names = names::assign(p, g, reserved);
+                (names, live.join().expect("liveness thread"))
+            })
+        } else {
+            (names::assign(p, g, reserved), liveness::compute(p, g))
+        };
         put(&mut self.out, "def ");
         match head {
             Head::Root => put(&mut self.out, self.layout.fn_name),
@@ -274,30 +299,55 @@ impl<'a> Emitter<'a> {
             put(&mut self.out, "*, __vllm_submods__");
         }
         put(&mut self.out, "):\n");
-        let mut returned = false;
-        let mut j = 0;
-        while j < g.nodes.len() {
+        // The second half starts at a statement: a node that is not the getitem of a fused pair.
+        let mid = match parallel {
+            true => (n / 2..n).find(|&j| j > 0 && !self.fuses(g, &live, j - 1)),
+            false => None,
+        };
+        match mid {
+            Some(mid) => {
+                let (layout, capacity) = (self.layout, self.out.capacity() / 2);
+                let tail = std::thread::scope(|s| {
+                    let (names, live) = (&names, &live);
+                    let half = s.spawn(move || {
+                        let mut e = Emitter::new(p, layout, capacity);
+                        e.statements(g, names, live, mid..n);
+                        e.out
+                    });
+                    self.statements(g, names, live, 0..mid);
+                    half.join().expect("emitter thread")
+                });
+                self.out.push_str(&tail);
+            }
+            _ => self.statements(g, &names, &live, 0..n),
+        }
+        if g.nodes.last().is_none_or(|node| node.op != Op::Output) {
+            put(&mut self.out, "    return None\n");
+        }
+    }
+
+    /// The statements of nodes `range` (which starts at a statement, see `fuses`).
+    fn statements(&mut self, g: &Graph, names: &Names, live: &Liveness, range: Range<usize>) {
+        let p = self.p;
+        let mut j = range.start;
+        while j < range.end {
             let node = &g.nodes[j];
-            if self.fuses(g, &live, j) {
+            if self.fuses(g, live, j) {
                 // `b = f(...)[i]`: the call's only use is the getitem right after it, so its
                 // value never needs a name (nor a `del`).
                 let next = &g.nodes[j + 1];
-                self.lhs(j as u32 + 1, &names);
-                self.expr(node, &names);
+                self.lhs(j as u32 + 1, names);
+                self.expr(node, names);
                 self.out.push('[');
-                self.arg(&p.args[next.args.start as usize + 1], &names);
+                self.arg(&p.args[next.args.start as usize + 1], names);
                 put(&mut self.out, "]\n");
-                self.dels(&[live.after(j), live.after(j + 1)], j as u32, &names);
+                self.dels(&[live.after(j), live.after(j + 1)], j as u32, names);
                 j += 2;
                 continue;
             }
-            self.statement(node, j as u32, &names);
-            returned |= node.op == Op::Output;
-            self.dels(&[live.after(j)], u32::MAX, &names);
+            self.statement(node, j as u32, names);
+            self.dels(&[live.after(j)], u32::MAX, names);
             j += 1;
-        }
-        if !returned {
-            put(&mut self.out, "    return None\n");
         }
     }
 

@@ -260,3 +260,138 @@ fn validation_names_the_node() {
         .to_string()
         .contains("not an earlier value"));
 }
+
+/// A function of about `n` nodes mixing every statement kind the split must keep intact:
+/// fused call/getitem pairs, getitem chains, values used far ahead (their `del` crosses the
+/// middle), floats, keywords, methods and an inlined child called with keywords.
+fn mixed(n: usize) -> Program {
+    let mut p = Program::default();
+    let g = p.add_graph();
+    let child = p.add_graph();
+    let add = p.push_str("operator.add");
+    let cat = p.push_str("torch.cat");
+    let relu = p.push_str("relu");
+    let view = p.push_str("view");
+    let cx = p.add_placeholder(child, "x", None);
+    let cy = p.add_placeholder(child, "y", Some(Arg::Int(1)));
+    let args = [Arg::Node(cx), Arg::Node(cy)];
+    let sum = p.add_node(
+        child,
+        Op::CallFunction,
+        "add",
+        Target::Name(add),
+        &args,
+        &[],
+    );
+    p.add_node(
+        child,
+        Op::Output,
+        "output",
+        Target::None,
+        &[Arg::Node(sum)],
+        &[],
+    );
+    let inl = p.add_submod("inl", SubmodKind::Inline(child));
+    let piece = p.add_submod("piece", SubmodKind::Opaque);
+    let x = p.add_placeholder(g, "x", None);
+    let first = p.add_node(
+        g,
+        Op::CallMethod,
+        "first",
+        Target::Method(relu),
+        &[Arg::Node(x)],
+        &[],
+    );
+    let mut prev = first;
+    let mut k = 0;
+    while p.graphs[0].nodes.len() < n {
+        let name = |s: &str| format!("{s}_{k}");
+        let item = |p: &mut Program, of: u32, i: i64, nm: &str| {
+            let args = [Arg::Node(of), Arg::Int(i)];
+            p.add_node(g, Op::CallFunction, nm, Target::Getitem, &args, &[])
+        };
+        prev = match k % 5 {
+            0 => {
+                let args = [Arg::Node(prev), Arg::Node(x)];
+                let kw = [("scale", Arg::Float(0.25 * k as f64))];
+                let c = p.add_node(
+                    g,
+                    Op::CallModule,
+                    &name("c"),
+                    Target::Submod(piece),
+                    &args,
+                    &kw,
+                );
+                item(&mut p, c, 0, &name("g"))
+            }
+            1 => {
+                let args = [Arg::Node(prev)];
+                let c = p.add_node(
+                    g,
+                    Op::CallModule,
+                    &name("c"),
+                    Target::Submod(piece),
+                    &args,
+                    &[],
+                );
+                let a = item(&mut p, c, 0, &name("g"));
+                item(&mut p, a, 1, &name("h"))
+            }
+            2 => {
+                let kw = [("y", Arg::Node(first))];
+                let args = [Arg::Node(prev)];
+                p.add_node(
+                    g,
+                    Op::CallModule,
+                    &name("i"),
+                    Target::Submod(inl),
+                    &args,
+                    &kw,
+                )
+            }
+            3 => {
+                let args = [Arg::Node(prev), Arg::Int(-1)];
+                p.add_node(
+                    g,
+                    Op::CallMethod,
+                    &name("m"),
+                    Target::Method(view),
+                    &args,
+                    &[],
+                )
+            }
+            _ => {
+                let l = p.list(&[Arg::Node(prev), Arg::Node(x), Arg::Float(1e-5)]);
+                let kw = [("dim", Arg::Int(0))];
+                p.add_node(
+                    g,
+                    Op::CallFunction,
+                    &name("cat"),
+                    Target::Name(cat),
+                    &[l],
+                    &kw,
+                )
+            }
+        };
+        k += 1;
+    }
+    let out = p.tuple(&[Arg::Node(prev), Arg::Node(first)]);
+    p.add_node(g, Op::Output, "output", Target::None, &[out], &[]);
+    p
+}
+
+#[test]
+fn two_threads_emit_the_same_source() {
+    use crate::emit::{emit_with_threads, PARALLEL_MIN_NODES};
+    // Sizes that put the middle on each node of the eight-node cycle of `mixed`.
+    for extra in 0..24 {
+        let p = mixed(PARALLEL_MIN_NODES + extra);
+        p.validate().expect("valid");
+        for layout in [native(), vllm()] {
+            let one = emit_with_threads(&p, &layout, 1);
+            let two = emit_with_threads(&p, &layout, 2);
+            assert!(one.len() > 100 * PARALLEL_MIN_NODES / 10);
+            assert_eq!(one, two, "size {}", PARALLEL_MIN_NODES + extra);
+        }
+    }
+}

@@ -217,6 +217,23 @@ pub fn bytes_repr(out: &mut String, b: &[u8]) {
 mod tests {
     use super::*;
 
+    #[test]
+    fn put_appends_every_length_exactly() {
+        let text: String = ('a'..='z').chain('A'..='Z').collect();
+        let mut want = String::new();
+        let mut got = String::new();
+        for n in 0..=text.len() {
+            for at in [0, 3, n / 2] {
+                let piece = &text[at.min(n)..n];
+                want.push_str(piece);
+                put(&mut got, piece);
+                assert_eq!(got, want, "after a {}-byte append", piece.len());
+            }
+        }
+        put(&mut got, "é→x");
+        assert!(got.ends_with("é→x"));
+    }
+
     fn f(v: f64) -> String {
         let mut s = String::new();
         float(&mut s, v);
