@@ -124,11 +124,13 @@ pub fn default_threads() -> usize {
 
 /// Emits the module source for a program that passed [`Program::validate`] and [`check_layout`].
 pub fn emit(p: &Program, layout: &Layout) -> String {
-    emit_with_threads(p, layout, default_threads())
+    emit_with_threads(p, layout, default_threads()).concat()
 }
 
-/// [`emit`] with an explicit thread budget (1 or 2); the output does not depend on it.
-pub fn emit_with_threads(p: &Program, layout: &Layout, threads: usize) -> String {
+/// The source as consecutive pieces (several when functions were emitted in halves), so a
+/// caller copying it elsewhere never holds a joined copy as well; `threads` is 1 or 2 and the
+/// joined source does not depend on it.
+pub fn emit_with_threads(p: &Program, layout: &Layout, threads: usize) -> Vec<String> {
     let nodes: usize = p.graphs.iter().map(|g| g.nodes.len()).sum();
     let mut e = Emitter::new(p, layout, 256 + nodes * 40 + p.text.len() * 2);
     e.threads = threads;
@@ -144,7 +146,8 @@ pub fn emit_with_threads(p: &Program, layout: &Layout, threads: usize) -> String
     }
     e.out.push('\n');
     e.function(&p.graphs[0], Head::Root, &reserved);
-    e.out
+    e.done.push(e.out);
+    e.done
 }
 
 /// Writes one argument as it would appear inside the given function's names (used for
@@ -180,6 +183,8 @@ struct Emitter<'a> {
     /// Parameters of inlined children called with keywords, by graph.
     params: FxHashMap<u32, Rc<Vec<(String, String)>>>,
     threads: usize,
+    /// Finished pieces of the source, before `out`.
+    done: Vec<String>,
 }
 
 /// The identifier a keyword argument is passed under, or None to pass it through `**{...}`:
@@ -211,6 +216,7 @@ impl<'a> Emitter<'a> {
             ); PLAIN_KEYS],
             params: FxHashMap::default(),
             threads: 1,
+            done: Vec::new(),
         }
     }
 
@@ -317,7 +323,9 @@ impl<'a> Emitter<'a> {
                     self.statements(g, names, live, 0..mid);
                     half.join().expect("emitter thread")
                 });
-                self.out.push_str(&tail);
+                // The tail stays a piece of its own: no copy, no second buffer of the whole.
+                let head = std::mem::take(&mut self.out);
+                self.done.extend([head, tail]);
             }
             _ => self.statements(g, &names, &live, 0..n),
         }

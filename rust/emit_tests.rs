@@ -388,8 +388,8 @@ fn two_threads_emit_the_same_source() {
         let p = mixed(PARALLEL_MIN_NODES + extra);
         p.validate().expect("valid");
         for layout in [native(), vllm()] {
-            let one = emit_with_threads(&p, &layout, 1);
-            let two = emit_with_threads(&p, &layout, 2);
+            let one = emit_with_threads(&p, &layout, 1).concat();
+            let two = emit_with_threads(&p, &layout, 2).concat();
             assert!(one.len() > 100 * PARALLEL_MIN_NODES / 10);
             assert_eq!(one, two, "size {}", PARALLEL_MIN_NODES + extra);
         }

@@ -33,7 +33,9 @@ mod core_ext {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
-    use crate::emit::{check_layout, format_arg, Layout, Style};
+    use crate::emit::{
+        check_layout, default_threads, emit_with_threads, format_arg, Layout, Style,
+    };
     use crate::error::Error;
     use crate::extract::{Extractor, Pool};
     use crate::names::Names;
@@ -54,22 +56,31 @@ mod core_ext {
         }
     }
 
-    /// The generated source as a Python str. Emitted code is ASCII (every non-ASCII character
-    /// of a literal is escaped), so the common case copies bytes straight into a compact ASCII
-    /// string instead of decoding UTF-8.
-    fn source_str<'py>(py: Python<'py>, code: &str) -> PyResult<Bound<'py, PyString>> {
-        if !code.is_ascii() {
-            return Ok(PyString::new(py, code));
+    /// The generated source (in pieces) as one Python str. Emitted code is ASCII (every
+    /// non-ASCII character of a literal is escaped), so the common case copies bytes straight
+    /// into a compact ASCII string instead of decoding UTF-8.
+    fn source_str<'py, S: AsRef<str>>(
+        py: Python<'py>,
+        parts: &[S],
+    ) -> PyResult<Bound<'py, PyString>> {
+        if !parts.iter().all(|s| s.as_ref().is_ascii()) {
+            let joined: String = parts.iter().map(AsRef::as_ref).collect();
+            return Ok(PyString::new(py, &joined));
         }
+        let len: usize = parts.iter().map(|s| s.as_ref().len()).sum();
         // SAFETY: PyUnicode_New(n, 127) makes a compact ASCII string with an n-byte buffer,
         // filled completely below before anything else can see the object.
         unsafe {
-            let obj = pyo3::ffi::PyUnicode_New(code.len() as pyo3::ffi::Py_ssize_t, 127);
+            let obj = pyo3::ffi::PyUnicode_New(len as pyo3::ffi::Py_ssize_t, 127);
             if obj.is_null() {
                 return Err(PyErr::fetch(py));
             }
-            let data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
-            std::ptr::copy_nonoverlapping(code.as_ptr(), data, code.len());
+            let mut data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
+            for s in parts {
+                let s = s.as_ref();
+                std::ptr::copy_nonoverlapping(s.as_ptr(), data, s.len());
+                data = data.add(s.len());
+            }
             Ok(Bound::from_owned_ptr(py, obj).cast_into_unchecked())
         }
     }
@@ -85,7 +96,7 @@ mod core_ext {
         let p = &ex.prog;
         let items = (0..p.submods.len() as u32).map(|i| match ex.submod_names.get(i as usize) {
             Some(Some(obj)) => Ok(obj.clone()),
-            _ => source_str(py, p.submod_name(i)).map(Bound::into_any),
+            _ => source_str(py, &[p.submod_name(i)]).map(Bound::into_any),
         });
         PyList::new(py, items.collect::<PyResult<Vec<_>>>()?)
     }
@@ -121,7 +132,7 @@ mod core_ext {
         ex.run(gm)?;
         check_layout(&ex.prog, &layout)?;
         let prog = &ex.prog;
-        let code = py.detach(|| crate::emit::emit(prog, &layout));
+        let code = py.detach(|| emit_with_threads(prog, &layout, default_threads()));
         let names = submod_list(py, &ex)?;
         let out = write_back(py, &ex.pool, consts, const_index)?;
         // Free the node list before the source is copied into a str (peak memory).
