@@ -576,7 +576,16 @@ impl<'py> Extractor<'py> {
             d.cast_into::<PyDict>().ok()?.get_item(part).ok().flatten()
         };
         let found = if !path.contains('.') {
-            modules.and_then(|d| d.get_item(key).ok().flatten())
+            modules.and_then(|d| {
+                // SAFETY: a borrowed lookup (the dict holds the value), taken as owned at once.
+                let v = unsafe { ffi::PyDict_GetItemWithError(d.as_ptr(), key.as_ptr()) };
+                if v.is_null() {
+                    PyErr::take(self.py); // a lookup error falls back to get_submodule
+                    return None;
+                }
+                // SAFETY: `v` is a live object held by the dict.
+                Some(unsafe { Bound::from_borrowed_ptr(self.py, v) })
+            })
         } else {
             path.split('.')
                 .try_fold(gm.clone(), |m, part| lookup(&m, part))
