@@ -10,6 +10,7 @@ use rustc_hash::FxHashMap;
 use crate::error::Error;
 use crate::ir::{Arg, Graph, Node, Op, Program, Span, Submod, SubmodKind, Target, MAX_DEPTH};
 use crate::names;
+use crate::table::Table;
 
 static NODE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static IMMUTABLE_LIST: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -253,66 +254,21 @@ pub struct Extractor<'py> {
     pub loose: Option<Vec<Bound<'py, PyAny>>>,
 }
 
-/// Node object -> index in its graph, for the nodes read so far: an open-addressing table
-/// keyed by object address (never 0), at most half full.
-struct NodeIndex {
-    slots: Vec<(usize, u32)>,
-    len: usize,
-}
+/// Node object -> index in its graph, for the nodes read so far.
+struct NodeIndex(Table);
 
 impl NodeIndex {
     fn with_capacity(n: usize) -> Self {
-        NodeIndex {
-            slots: vec![(0, 0); (2 * n).next_power_of_two().max(8)],
-            len: 0,
-        }
-    }
-
-    #[inline]
-    fn home(&self, ptr: usize) -> usize {
-        // Objects are 16-byte aligned: mix the remaining bits (Fibonacci hashing).
-        let h = ((ptr >> 4) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (h >> 32) as usize & (self.slots.len() - 1)
+        NodeIndex(Table::with_capacity(n))
     }
 
     #[inline]
     fn get(&self, ptr: usize) -> Option<u32> {
-        let mask = self.slots.len() - 1;
-        let mut i = self.home(ptr);
-        loop {
-            match self.slots[i] {
-                (0, _) => return None,
-                (k, v) if k == ptr => return Some(v),
-                _ => i = (i + 1) & mask,
-            }
-        }
+        self.0.find(ptr as u64, |_| true)
     }
 
-    fn insert(&mut self, ptr: usize, v: u32) {
-        if 2 * (self.len + 1) > self.slots.len() {
-            let bigger = vec![(0, 0); 2 * self.slots.len()];
-            let old = std::mem::replace(&mut self.slots, bigger);
-            self.len = 0;
-            for (k, v) in old.into_iter().filter(|&(k, _)| k != 0) {
-                self.insert(k, v);
-            }
-        }
-        let mask = self.slots.len() - 1;
-        let mut i = self.home(ptr);
-        loop {
-            match self.slots[i] {
-                (0, _) => {
-                    self.slots[i] = (ptr, v);
-                    self.len += 1;
-                    return;
-                }
-                (k, _) if k == ptr => {
-                    self.slots[i].1 = v;
-                    return;
-                }
-                _ => i = (i + 1) & mask,
-            }
-        }
+    fn insert(&mut self, ptr: usize, i: u32) {
+        self.0.insert(ptr as u64, i);
     }
 }
 
@@ -389,7 +345,7 @@ impl<'py> Extractor<'py> {
         let mut keep: Vec<Bound<'py, PyAny>> = Vec::new();
         for node in node_list.try_iter()? {
             let node = node?;
-            self.prefetch_ahead(&node);
+            self.prefetch_ahead(&node, &index);
             let [op_obj, name_obj, target_obj, ..] = self.fields(&node, &mut keep)?;
             // SAFETY (here and below): field pointers are borrowed from `node` (held) or `keep`,
             // and stay valid until Python code runs, which only `target` may do: the argument
@@ -437,10 +393,10 @@ impl<'py> Extractor<'py> {
     }
 
     /// Reading a large graph waits on memory: each node, its name, target, args and kwargs are
-    /// separate objects. While node `i` is read, this prefetches the fields of node `i + 3` and
-    /// node `i + 4` itself (loaded by the previous steps' prefetches), following `_next` links
-    /// between exact `Node` objects only.
-    fn prefetch_ahead(&self, node: &Bound<'py, PyAny>) {
+    /// separate objects. While node `i` is read, this prefetches the fields of node `i + 3`, its
+    /// slot in the node index and node `i + 4` itself (loaded by the previous steps' prefetches),
+    /// following `_next` links between exact `Node` objects only.
+    fn prefetch_ahead(&self, node: &Bound<'py, PyAny>, index: &NodeIndex) {
         const AHEAD: usize = 3;
         let Some(sl) = self.t.slots else { return };
         let is_node = |p: *mut ffi::PyObject| {
@@ -464,6 +420,7 @@ impl<'py> Extractor<'py> {
                 prefetch(read_slot(n, sl.fields[f]));
             }
             prefetch(read_slot(n, sl.next));
+            index.0.prefetch(n as u64);
         }
     }
 

@@ -1,7 +1,7 @@
 //! fxcodegen's core: torch.fx split graph → Python source.
 //!
 //! Read top-down: [`ir`] (the node list), [`serial`] (its versioned binary form, read as
-//! untrusted input), [`names`], [`liveness`], [`literal`] and [`emit`] are plain Rust;
+//! untrusted input), [`names`], [`liveness`], [`literal`], [`table`] and [`emit`] are plain Rust;
 //! `extract` (feature `python`) is the only reader of Python objects, and the `_core` module
 //! below only exposes functions.
 
@@ -12,6 +12,7 @@ pub mod literal;
 pub mod liveness;
 pub mod names;
 pub mod serial;
+pub mod table;
 
 #[cfg(feature = "python")]
 mod extract;

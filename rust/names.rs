@@ -1,11 +1,8 @@
 //! Identifier allocation: every generated name is a valid identifier, unique in its function,
 //! and never shadows a keyword, a builtin, `torch`, `operator` or a layout name.
 
-use std::collections::hash_map::Entry;
-
-use rustc_hash::FxHashMap;
-
 use crate::ir::{Graph, Program};
+use crate::table::Table;
 
 /// Python 3.11's keywords and soft keywords are all lower-case ASCII; `_` is excluded here.
 const KEYWORDS: &[&str] = &[
@@ -468,42 +465,40 @@ fn hash_bytes(b: &[u8]) -> u64 {
 /// Assigns every node of `g` a unique identifier: its own name when that is allowed and free,
 /// else a sanitized form with the first free `_N` suffix.
 pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
+    /// How far ahead the uniqueness table's slots are prefetched.
+    const AHEAD: usize = 8;
     let n = g.nodes.len();
     let mut out = Names {
         base: &p.text,
         extra: String::new(),
         spans: Vec::with_capacity(n),
     };
-    // hash of a name -> index of the first name with that hash; true collisions go to `more`.
-    let mut used: FxHashMap<u64, u32> = FxHashMap::default();
-    used.reserve(n);
-    let mut more: Vec<(u64, u32)> = Vec::new();
+    let hashes: Vec<u64> = g
+        .nodes
+        .iter()
+        .map(|node| hash_bytes(p.str(node.name).as_bytes()))
+        .collect();
+    // Name hash -> indices of the chosen names with that hash.
+    let mut used = Table::with_capacity(n);
     // Whether `s` (hash `h`) is taken; if not, records it as node `idx`'s name.
-    let mut claim = |out: &Names, h: u64, s: &str, idx: u32| -> bool {
-        match used.entry(h) {
-            Entry::Vacant(e) => {
-                e.insert(idx);
-                false
-            }
-            Entry::Occupied(e) => {
-                if out.get(*e.get()) == s
-                    || more.iter().any(|&(mh, mi)| mh == h && out.get(mi) == s)
-                {
-                    return true;
-                }
-                more.push((h, idx));
-                false
-            }
+    let claim = |used: &mut Table, out: &Names, h: u64, s: &str, idx: u32| -> bool {
+        if used.find(h, |i| out.get(i) == s).is_some() {
+            return true;
         }
+        used.insert(h, idx);
+        false
     };
     let mut scratch = String::new();
     for (idx, node) in g.nodes.iter().enumerate() {
+        if let Some(&ahead) = hashes.get(idx + AHEAD) {
+            used.prefetch(ahead);
+        }
+        let h = hashes[idx];
         let idx = idx as u32;
         let raw = p.str(node.name);
-        let h = hash_bytes(raw.as_bytes());
         if is_identifier(raw.as_bytes())
             && !reserved.is_reserved_h(h, raw)
-            && !claim(&out, h, raw, idx)
+            && !claim(&mut used, &out, h, raw, idx)
         {
             out.spans.push((node.name.start, node.name.len));
             continue;
@@ -529,7 +524,7 @@ pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
         loop {
             let h = hash_bytes(scratch.as_bytes());
             out.push_extra(&scratch);
-            if !reserved.is_reserved_h(h, &scratch) && !claim(&out, h, &scratch, idx) {
+            if !reserved.is_reserved_h(h, &scratch) && !claim(&mut used, &out, h, &scratch, idx) {
                 break;
             }
             out.spans.pop();
