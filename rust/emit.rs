@@ -108,7 +108,7 @@ pub fn check_layout(p: &Program, layout: &Layout) -> Result<()> {
 /// Functions with at least this many nodes are emitted by two threads (names and liveness
 /// side by side, then the statements in two halves): thread start-up costs about as much as
 /// emitting a few hundred nodes.
-pub const PARALLEL_MIN_NODES: usize = 16_384;
+pub const PARALLEL_MIN_NODES: usize = 4_096;
 
 /// Threads the emitter may use: 2 where the machine has them, 1 with `FXCODEGEN_THREADS=1`.
 pub fn default_threads() -> usize {
@@ -312,7 +312,8 @@ impl<'a> Emitter<'a> {
         };
         match mid {
             Some(mid) => {
-                let (layout, capacity) = (self.layout, self.out.capacity() / 2);
+                // Ample: untouched capacity costs no memory, regrowing a big buffer may copy it.
+                let (layout, capacity) = (self.layout, self.out.capacity());
                 let tail = std::thread::scope(|s| {
                     let (names, live) = (&names, &live);
                     let half = s.spawn(move || {

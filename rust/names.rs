@@ -473,11 +473,13 @@ pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
         extra: String::new(),
         spans: Vec::with_capacity(n),
     };
-    let hashes: Vec<u64> = g
-        .nodes
-        .iter()
-        .map(|node| hash_bytes(p.str(node.name).as_bytes()))
-        .collect();
+    let hash_of = |j: usize| {
+        g.nodes
+            .get(j)
+            .map_or(0, |node| hash_bytes(p.str(node.name).as_bytes()))
+    };
+    // Hashes of the names `AHEAD` nodes on, by index modulo `AHEAD`.
+    let mut ahead: [u64; AHEAD] = std::array::from_fn(hash_of);
     // Name hash -> indices of the chosen names with that hash.
     let mut used = Table::with_capacity(n);
     // Whether `s` (hash `h`) is taken; if not, records it as node `idx`'s name.
@@ -490,10 +492,9 @@ pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
     };
     let mut scratch = String::new();
     for (idx, node) in g.nodes.iter().enumerate() {
-        if let Some(&ahead) = hashes.get(idx + AHEAD) {
-            used.prefetch(ahead);
-        }
-        let h = hashes[idx];
+        let h = ahead[idx % AHEAD];
+        ahead[idx % AHEAD] = hash_of(idx + AHEAD);
+        used.prefetch(ahead[idx % AHEAD]);
         let idx = idx as u32;
         let raw = p.str(node.name);
         if is_identifier(raw.as_bytes())
