@@ -243,7 +243,7 @@ pub struct Extractor<'py> {
     /// Resolved call_function targets by object (held, so an id is never reused meanwhile).
     targets: FxHashMap<usize, (Target, Bound<'py, PyAny>)>,
     /// Hash of a qualified child name -> its submodule index (names compared on hit).
-    submods: FxHashMap<u64, u32>,
+    submods: Table,
     /// Text spans of keyword keys by str object (held).
     key_spans: FxHashMap<usize, (Span, Bound<'py, PyAny>)>,
     /// Whether a child of this type is a plain GraphModule (inlined), by type pointer.
@@ -301,7 +301,7 @@ impl<'py> Extractor<'py> {
             t: Types::load(py)?,
             resolver,
             targets: FxHashMap::default(),
-            submods: FxHashMap::default(),
+            submods: Table::with_capacity(0),
             key_spans: FxHashMap::default(),
             inline_types: FxHashMap::default(),
             submod_names: Vec::new(),
@@ -557,12 +557,7 @@ impl<'py> Extractor<'py> {
 
     /// The submodule already registered under `qual` (hash `h`).
     fn find_submod(&self, h: u64, qual: &str) -> Option<u32> {
-        let i = *self.submods.get(&h)?;
-        if self.prog.submod_name(i) == qual {
-            return Some(i);
-        }
-        // A true 64-bit hash collision: fall back to a scan.
-        (0..self.prog.submods.len() as u32).find(|&k| self.prog.submod_name(k) == qual)
+        self.submods.find(h, |i| self.prog.submod_name(i) == qual)
     }
 
     /// The op of a node: a pointer compare against the interned op names fx uses, else text.
@@ -647,7 +642,7 @@ impl<'py> Extractor<'py> {
                 // A root-level child's qualified name is its target's text: return that object.
                 let same = prefix.is_empty() && t.is_exact_instance_of::<PyString>();
                 self.submod_names.push(same.then(|| t.clone()));
-                self.submods.entry(h).or_insert(i);
+                self.submods.insert(h, i);
                 let ty = type_ptr(&child);
                 let inline = match self.inline_types.get(&ty) {
                     Some(&b) => b,
