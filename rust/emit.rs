@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 use std::rc::Rc;
+use std::{panic, thread};
 
 use rustc_hash::FxHashMap;
 
@@ -269,9 +270,16 @@ impl<'a> Emitter<'a> {
         let parallel = self.threads > 1 && n >= PARALLEL_MIN_NODES;
         let (names, live) = if parallel {
             std::thread::scope(|s| {
-                let live = s.spawn(|| liveness::compute(p, g));
+                // A thread that cannot be started means doing its part here.
+                let helper = thread::Builder::new()
+                    .spawn_scoped(s, || liveness::compute(p, g))
+                    .ok();
                 let names = names::assign(p, g, reserved);
-                (names, live.join().expect("liveness thread"))
+                let live = match helper {
+                    Some(h) => h.join().unwrap_or_else(|e| panic::resume_unwind(e)),
+                    None => liveness::compute(p, g),
+                };
+                (names, live)
             })
         } else {
             (names::assign(p, g, reserved), liveness::compute(p, g))
@@ -310,25 +318,29 @@ impl<'a> Emitter<'a> {
             true => (n / 2..n).find(|&j| j > 0 && !self.fuses(g, &live, j - 1)),
             false => None,
         };
-        match mid {
-            Some(mid) => {
-                // Ample: untouched capacity costs no memory, regrowing a big buffer may copy it.
-                let (layout, capacity) = (self.layout, self.out.capacity());
-                let tail = std::thread::scope(|s| {
-                    let (names, live) = (&names, &live);
-                    let half = s.spawn(move || {
+        let tail = mid.and_then(|mid| {
+            // Ample: untouched capacity costs no memory, regrowing a big buffer may copy it.
+            let (layout, capacity) = (self.layout, self.out.capacity());
+            thread::scope(|s| {
+                let (names, live) = (&names, &live);
+                let half = thread::Builder::new()
+                    .spawn_scoped(s, move || {
                         let mut e = Emitter::new(p, layout, capacity);
                         e.statements(g, names, live, mid..n);
                         e.out
-                    });
-                    self.statements(g, names, live, 0..mid);
-                    half.join().expect("emitter thread")
-                });
+                    })
+                    .ok()?;
+                self.statements(g, names, live, 0..mid);
+                Some(half.join().unwrap_or_else(|e| panic::resume_unwind(e)))
+            })
+        });
+        match tail {
+            Some(tail) => {
                 // The tail stays a piece of its own: no copy, no second buffer of the whole.
                 let head = std::mem::take(&mut self.out);
                 self.done.extend([head, tail]);
             }
-            _ => self.statements(g, &names, &live, 0..n),
+            None => self.statements(g, &names, &live, 0..n),
         }
         if g.nodes.last().is_none_or(|node| node.op != Op::Output) {
             put(&mut self.out, "    return None\n");

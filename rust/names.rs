@@ -449,8 +449,9 @@ impl<'a> Names<'a> {
             0 => (self.base, l),
             _ => (self.extra.as_str(), l & !EXTRA),
         };
-        // SAFETY: every span was made from a whole `&str` inside `base` (a node name span of the
-        // validated program) or `extra`, so it is in bounds and on char boundaries.
+        // SAFETY: every span covers a whole `&str` inside `base` (a node name that
+        // `Program::str` returned checked, kept only when shorter than `EXTRA`) or `extra`, so
+        // it is in bounds and on char boundaries.
         unsafe { text.get_unchecked(s as usize..(s + l) as usize) }
     }
 }
@@ -498,6 +499,7 @@ pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
         let idx = idx as u32;
         let raw = p.str(node.name);
         if is_identifier(raw.as_bytes())
+            && raw.len() < EXTRA as usize
             && !reserved.is_reserved_h(h, raw)
             && !claim(&mut used, &out, h, raw, idx)
         {
