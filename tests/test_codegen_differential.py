@@ -9,9 +9,14 @@ function must equal ``torch.fx.Interpreter`` and the GraphModule itself, bit for
 
 from __future__ import annotations
 
+import hashlib
 import operator
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import fxcodegen
@@ -159,7 +164,9 @@ def inlined_child(
     return fx.GraphModule(root, g), n_out
 
 
-def random_split_gm(seed: int, allow_opaque_in_inlined: bool) -> tuple[fx.GraphModule, int]:
+def random_split_gm(
+    seed: int, allow_opaque_in_inlined: bool, steps: int | None = None
+) -> tuple[fx.GraphModule, int]:
     rng = random.Random(seed)
     root = torch.nn.Module()
     children: list[tuple[str, int]] = []
@@ -181,7 +188,7 @@ def random_split_gm(seed: int, allow_opaque_in_inlined: bool) -> tuple[fx.GraphM
     ins = [g.placeholder(f"x{i}") for i in range(n_in)]
     if not ins:  # zero inputs: start from a constant
         ins = [g.call_function(torch.full, (SHAPE, 0.25))]
-    vals = random_body(rng, g, ins, root, children, rng.randint(3, 12))
+    vals = random_body(rng, g, ins, root, children, steps or rng.randint(3, 12))
     picks = [rng.choice(vals) for _ in range(rng.randint(1, 4))]
     shape = rng.randrange(4)
     if shape == 0:
@@ -286,3 +293,33 @@ def test_vllm_matches_fx(chunk: int) -> None:
             assert_same(fn(*xs), want)
         except AssertionError as e:
             raise AssertionError(f"seed {seed}\n{gm.code}\n{code}") from e
+
+
+def test_large_graph_emitted_by_two_threads_matches_fx_and_one_thread() -> None:
+    """Functions of 4,096+ nodes are emitted by two threads (halves split at a statement);
+    the code must run like the graph and equal the single-threaded code."""
+    seed, steps = 7, 3_500
+    gm, n_in = random_split_gm(seed, allow_opaque_in_inlined=True, steps=steps)
+    assert len(gm.graph.nodes) >= 4_096  # the emitter's two-thread threshold
+    xs = inputs_for(seed, n_in)
+    want = fx.Interpreter(gm).run(*xs)
+    gen = fxcodegen.generate(gm)
+    fn = fxcodegen.compile_execution_fn(
+        gen.code, opaque_callables(gm, gen.submod_names, bare=False), gen.submod_names, gen.consts
+    )
+    assert_same(fn(*xs), want)
+    script = (
+        "import hashlib, sys; sys.path.insert(0, sys.argv[1]);"
+        "import fxcodegen, test_codegen_differential as T;"
+        f"gm, _ = T.random_split_gm({seed}, True, steps={steps});"
+        "print(hashlib.sha256(fxcodegen.generate(gm).code.encode()).hexdigest())"
+    )
+    env = {**os.environ, "FXCODEGEN_THREADS": "1"}
+    one = subprocess.run(
+        [sys.executable, "-c", script, str(Path(__file__).parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert one.stdout.strip() == hashlib.sha256(gen.code.encode()).hexdigest()
