@@ -48,14 +48,7 @@ fn stitch(nodes: usize) -> (Program, usize) {
             &[],
         );
     }
-    p.add_node(
-        g,
-        Op::Output,
-        "output",
-        Target::None,
-        &[Arg::Node(prev)],
-        &[],
-    );
+    p.add_output(g, Arg::Node(prev));
     (p, 2 * layers + 3)
 }
 
@@ -86,14 +79,7 @@ fn inline(nodes: usize) -> (Program, usize) {
         &[Arg::Node(call), Arg::Int(0)],
         &[],
     );
-    p.add_node(
-        root,
-        Op::Output,
-        "output",
-        Target::None,
-        &[Arg::Node(item)],
-        &[],
-    );
+    p.add_output(root, Arg::Node(item));
 
     let to_copy = Target::Name(p.push_str("torch.ops.aten._to_copy.default"));
     let add = Target::Name(p.push_str("torch.ops.aten.add.Tensor"));
@@ -138,7 +124,7 @@ fn inline(nodes: usize) -> (Program, usize) {
         };
     }
     let out = p.tuple(&[Arg::Node(prev)]);
-    p.add_node(child, Op::Output, "output", Target::None, &[out], &[]);
+    p.add_output(child, out);
     (p, n_ops + 2 + 4)
 }
 

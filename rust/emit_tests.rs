@@ -55,7 +55,7 @@ fn stitching() -> Program {
         &[],
     );
     let out = p.tuple(&[Arg::Node(c)]);
-    p.add_node(g, Op::Output, "output", Target::None, &[out], &[]);
+    p.add_output(g, out);
     p
 }
 
@@ -96,14 +96,7 @@ fn inlined_child_with_renamed_params_and_keywords() {
         &[Arg::Node(t), Arg::Node(y)],
         &[],
     );
-    p.add_node(
-        child,
-        Op::Output,
-        "output",
-        Target::None,
-        &[Arg::Node(m)],
-        &[],
-    );
+    p.add_output(child, Arg::Node(m));
     let x = p.add_placeholder(root, "x", None);
     let c = p.add_node(
         root,
@@ -117,14 +110,7 @@ fn inlined_child_with_renamed_params_and_keywords() {
             ("not a param", Arg::None),
         ],
     );
-    p.add_node(
-        root,
-        Op::Output,
-        "output",
-        Target::None,
-        &[Arg::Node(c)],
-        &[],
-    );
+    p.add_output(root, Arg::Node(c));
     assert_emits!(
         p,
         native(),
@@ -167,7 +153,7 @@ fn literals_and_pool() {
         &args,
         &[("class", Arg::Int(1))],
     );
-    p.add_node(g, Op::Output, "output", Target::None, &[Arg::Node(f)], &[]);
+    p.add_output(g, Arg::Node(f));
     assert_emits!(
         p,
         native(),
@@ -203,7 +189,7 @@ fn unused_values_and_methods_and_get_attr() {
         &[Arg::Int(5)],
         &[],
     );
-    p.add_node(g, Op::Output, "output", Target::None, &[Arg::Node(x)], &[]);
+    p.add_output(g, Arg::Node(x));
     let _ = a;
     assert_emits!(
         p,
@@ -283,14 +269,7 @@ fn mixed(n: usize) -> Program {
         &args,
         &[],
     );
-    p.add_node(
-        child,
-        Op::Output,
-        "output",
-        Target::None,
-        &[Arg::Node(sum)],
-        &[],
-    );
+    p.add_output(child, Arg::Node(sum));
     let inl = p.add_submod("inl", SubmodKind::Inline(child));
     let piece = p.add_submod("piece", SubmodKind::Opaque);
     let x = p.add_placeholder(g, "x", None);
@@ -376,7 +355,7 @@ fn mixed(n: usize) -> Program {
         k += 1;
     }
     let out = p.tuple(&[Arg::Node(prev), Arg::Node(first)]);
-    p.add_node(g, Op::Output, "output", Target::None, &[out], &[]);
+    p.add_output(g, out);
     p
 }
 

@@ -253,6 +253,11 @@ impl Program {
         self.add_node(g, Op::Placeholder, name, Target::Param(param), args, &[])
     }
 
+    /// Appends graph `g`'s output node, returning `value`.
+    pub fn add_output(&mut self, g: u32, value: Arg) -> u32 {
+        self.add_node(g, Op::Output, "output", Target::None, &[value], &[])
+    }
+
     pub fn submod_name(&self, i: u32) -> &str {
         self.str(self.submods[i as usize].name)
     }

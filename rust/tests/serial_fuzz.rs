@@ -141,7 +141,7 @@ fn program(seed: u64) -> Program {
         }
         let nodes = n_params + body;
         let out = arg(&mut r, &mut p, nodes, n_consts, 0);
-        p.add_node(g, Op::Output, "output", Target::None, &[out], &[]);
+        p.add_output(g, out);
     }
     p
 }
@@ -305,7 +305,7 @@ fn injection_attempts_are_rejected_or_escaped() {
         &[Arg::Node(x), s],
         &[("a); import os; (", Arg::None)],
     );
-    p.add_node(g, Op::Output, "output", Target::None, &[Arg::Node(n)], &[]);
+    p.add_output(g, Arg::Node(n));
     let code = codegen(&p, &Layout::native()).unwrap();
     assert_shapes(&code);
     for bad in [
