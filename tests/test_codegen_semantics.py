@@ -1140,3 +1140,48 @@ def test_build_binds_own_children() -> None:
     gm = nested_split_gm()
     x = torch.randn(4)
     torch.testing.assert_close(fxcodegen.build(gm)(x), fx.Interpreter(gm).run(x))
+
+
+# ------------------------------------------------------------ nodes not read through slots
+
+
+class _SubNode(fx.Node):
+    """A Node subclass: the reader takes its fields through getattr, not member slots."""
+
+
+def _chain_gm() -> fx.GraphModule:
+    g = fx.Graph()
+    x = g.placeholder("x")
+    a = g.call_function(operator.add, (x, 1), {})
+    b = g.call_method("mul", (a, 2.5))
+    g.output((b, [a, {"k": x}]))
+    return raw_gm(g)
+
+
+def test_node_subclass_reads_like_a_node() -> None:
+    want = fxcodegen.generate(_chain_gm())
+    gm = _chain_gm()
+    for node in gm.graph.nodes:
+        node.__class__ = _SubNode
+    got = fxcodegen.generate(gm)
+    assert got.code == want.code
+    fn = fxcodegen.compile_execution_fn(got.code, {}, got.submod_names, got.consts)
+    assert fn(torch.tensor(1.0))[0].item() == 5.0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("_args", [1], "args is not a tuple"),
+        ("_kwargs", [("k", 1)], "kwargs is not a dict"),
+        ("name", 5, "the name is not a str"),
+        ("op", "call_everything", "unknown op"),
+    ],
+)
+def test_malformed_node_fields_name_the_node(field: str, value: Any, message: str) -> None:
+    gm = _chain_gm()
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    object.__setattr__(node, field, value)
+    with pytest.raises(CodegenError, match=message) as info:
+        fxcodegen.generate(gm)
+    assert "add" in str(info.value)
