@@ -371,11 +371,7 @@ impl<'py> Extractor<'py> {
                     return Err(node_error(&node, "kwargs is not a dict"));
                 }
                 let n = ffi::PyTuple_GET_SIZE(args_obj);
-                let args = self.prog.reserve_args(n as usize);
-                for k in 0..n {
-                    let v = self.arg(ffi::PyTuple_GET_ITEM(args_obj, k), &ctx, 0)?;
-                    self.prog.args[args.start as usize + k as usize] = v;
-                }
+                let args = self.items(n, |k| ffi::PyTuple_GET_ITEM(args_obj, k), &ctx, 0)?;
                 let kwargs = self.kwargs(kwargs_obj, &ctx)?;
                 (args, kwargs)
             };
@@ -736,20 +732,12 @@ impl<'py> Extractor<'py> {
         }
         if ty == &raw mut ffi::PyTuple_Type {
             let n = ffi::PyTuple_GET_SIZE(a);
-            let span = self.prog.reserve_args(n as usize);
-            for k in 0..n {
-                let v = self.arg(ffi::PyTuple_GET_ITEM(a, k), ctx, depth + 1)?;
-                self.prog.args[span.start as usize + k as usize] = v;
-            }
+            let span = self.items(n, |k| ffi::PyTuple_GET_ITEM(a, k), ctx, depth + 1)?;
             return Ok(Arg::Tuple(span));
         }
         if ty == &raw mut ffi::PyList_Type || tyu == self.t.ilist {
             let n = ffi::PyList_GET_SIZE(a);
-            let span = self.prog.reserve_args(n as usize);
-            for k in 0..n {
-                let v = self.arg(ffi::PyList_GET_ITEM(a, k), ctx, depth + 1)?;
-                self.prog.args[span.start as usize + k as usize] = v;
-            }
+            let span = self.items(n, |k| ffi::PyList_GET_ITEM(a, k), ctx, depth + 1)?;
             return Ok(Arg::List(span));
         }
         if ty == &raw mut ffi::PyDict_Type || tyu == self.t.idict {
@@ -775,6 +763,25 @@ impl<'py> Extractor<'py> {
             return self.node_ref(a, ctx);
         }
         Ok(Arg::Const(self.pool.intern(&owned)))
+    }
+
+    /// The `n` items `item(0..n)` of a sequence, as consecutive argument slots.
+    ///
+    /// # Safety
+    /// As for [`Extractor::arg`], for every item.
+    unsafe fn items(
+        &mut self,
+        n: ffi::Py_ssize_t,
+        item: impl Fn(ffi::Py_ssize_t) -> *mut ffi::PyObject,
+        ctx: &NodeCtx<'_, 'py>,
+        depth: usize,
+    ) -> PyResult<Span> {
+        let span = self.prog.reserve_args(n as usize);
+        for k in 0..n {
+            let v = self.arg(item(k), ctx, depth)?;
+            self.prog.args[span.start as usize + k as usize] = v;
+        }
+        Ok(span)
     }
 
     /// # Safety
