@@ -7,9 +7,11 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyType};
 use pyo3::{ffi, intern};
 use rustc_hash::FxHashMap;
 
+use crate::emit::{default_threads, PARALLEL_MIN_NODES};
 use crate::error::Error;
 use crate::ir::{Arg, Graph, Node, Op, Program, Span, Submod, SubmodKind, Target, MAX_DEPTH};
 use crate::names;
+use crate::prefault::{Ahead, Prefaulter};
 use crate::table::Table;
 
 static NODE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -252,6 +254,8 @@ pub struct Extractor<'py> {
     pub submod_names: Vec<Option<Bound<'py, PyAny>>>,
     /// For `_node_ref`: nodes met outside any graph, in order (named by their own names).
     pub loose: Option<Vec<Bound<'py, PyAny>>>,
+    /// Populates the arenas' next pages on another thread while large graphs are read.
+    prefault: Option<Prefaulter>,
 }
 
 /// Node object -> index in its graph, for the nodes read so far.
@@ -306,12 +310,15 @@ impl<'py> Extractor<'py> {
             inline_types: FxHashMap::default(),
             submod_names: Vec::new(),
             loose: None,
+            prefault: None,
         })
     }
 
     /// Extracts `gm` as the root graph and every plain GraphModule child it calls.
     pub fn run(&mut self, gm: &Bound<'py, PyAny>) -> PyResult<()> {
-        self.graph(gm, "", 0)?;
+        let read = self.graph(gm, "", 0);
+        self.prefault = None; // joins the helper
+        read?;
         self.prog.n_consts = self.pool.objects.len() as u32;
         // Arguments are valid by construction (earlier nodes of the same graph, slots of this
         // pool, strings from Python); the per-node rules still need checking.
@@ -340,12 +347,41 @@ impl<'py> Extractor<'py> {
         // Generous: untouched capacity costs address space, not memory; regrowing copies.
         self.prog.args.reserve(n_nodes * 8);
         self.prog.text.reserve(n_nodes * 24);
+        if depth == 0 {
+            // Split graphs call a child every other node or so; growing the tables from
+            // nothing would write (and fault in) twice their final memory.
+            self.submods = Table::with_capacity(n_nodes / 2);
+            self.prog.submods.reserve(n_nodes / 2);
+            self.submod_names.reserve(n_nodes / 2);
+        }
         let mut nodes: Vec<Node> = Vec::with_capacity(n_nodes);
+        if n_nodes >= PARALLEL_MIN_NODES && self.prefault.is_none() && default_threads() > 1 {
+            self.prefault = Prefaulter::start();
+        }
+        // The identity table is written all over from the first node: populate it whole.
+        let mut ahead = [(); 5].map(|_| Ahead::default());
+        if let (Some(pf), true) = (&self.prefault, n_nodes >= PARALLEL_MIN_NODES) {
+            let (ptr, len) = index.0.memory();
+            pf.request_all(ptr, len);
+        }
         // Owned references for fields read through getattr (nodes that are not exactly `Node`).
         let mut keep: Vec<Bound<'py, PyAny>> = Vec::new();
         for node in node_list.try_iter()? {
             let node = node?;
             self.prefetch_ahead(&node, &index);
+            if let Some(pf) = &self.prefault {
+                let [a, t, n, s, sn] = &mut ahead;
+                a.track_vec(pf, &self.prog.args);
+                t.track(
+                    pf,
+                    self.prog.text.as_ptr(),
+                    self.prog.text.len(),
+                    self.prog.text.capacity(),
+                );
+                n.track_vec(pf, &nodes);
+                s.track_vec(pf, &self.prog.submods);
+                sn.track_vec(pf, &self.submod_names);
+            }
             let [op_obj, name_obj, target_obj, ..] = self.fields(&node, &mut keep)?;
             // SAFETY (here and below): field pointers are borrowed from `node` (held) or `keep`,
             // and stay valid until Python code runs, which only `target` may do: the argument

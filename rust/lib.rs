@@ -11,6 +11,7 @@ pub mod ir;
 pub mod literal;
 pub mod liveness;
 pub mod names;
+pub mod prefault;
 pub mod serial;
 pub mod table;
 

@@ -10,12 +10,21 @@ pub struct Table {
 }
 
 impl Table {
-    /// A table for about `n` keys without regrowing (at most 3/4 full).
+    /// A table for `n` keys without regrowing (at most 3/4 full). The slot count is not rounded
+    /// to a power of two (which would double the memory of an unlucky size, such as 100k).
     pub fn with_capacity(n: usize) -> Self {
         Table {
-            slots: vec![(0, 0); (n + n / 3 + 1).next_power_of_two().max(8)],
+            slots: vec![(0, 0); (n + n / 3 + 1).max(8)],
             len: 0,
         }
+    }
+
+    /// The slot storage, as `(address, bytes)` (for populating its pages ahead of use).
+    pub fn memory(&self) -> (*const u8, usize) {
+        (
+            self.slots.as_ptr() as *const u8,
+            std::mem::size_of_val(self.slots.as_slice()),
+        )
     }
 
     #[inline]
@@ -25,8 +34,19 @@ impl Table {
 
     #[inline]
     fn home(&self, k: u64) -> usize {
-        // Fibonacci hashing: the high bits of the product mix every bit of the key.
-        (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & (self.slots.len() - 1)
+        // Fibonacci hashing mixes every bit of the key into the product's high bits; scaling
+        // the product to the slot count (a multiply, not a modulo) keeps those bits.
+        let h = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        ((u128::from(h) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    #[inline]
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.slots.len() {
+            0
+        } else {
+            i + 1
+        }
     }
 
     /// Asks the CPU to start loading the slot where `k` lives or would go.
@@ -47,7 +67,6 @@ impl Table {
     #[inline]
     pub fn find(&self, k: u64, mut accept: impl FnMut(u32) -> bool) -> Option<u32> {
         let k = Self::key(k);
-        let mask = self.slots.len() - 1;
         let mut i = self.home(k);
         loop {
             let (sk, v) = self.slots[i];
@@ -57,7 +76,7 @@ impl Table {
             if sk == k && accept(v) {
                 return Some(v);
             }
-            i = (i + 1) & mask;
+            i = self.next(i);
         }
     }
 
@@ -72,10 +91,9 @@ impl Table {
             }
         }
         let k = Self::key(k);
-        let mask = self.slots.len() - 1;
         let mut i = self.home(k);
         while self.slots[i].0 != 0 {
-            i = (i + 1) & mask;
+            i = self.next(i);
         }
         self.slots[i] = (k, v);
         self.len += 1;
