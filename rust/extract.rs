@@ -245,7 +245,7 @@ pub struct Extractor<'py> {
     /// Resolved call_function targets by object (held, so an id is never reused meanwhile).
     targets: FxHashMap<usize, (Target, Bound<'py, PyAny>)>,
     /// Hash of a qualified child name -> its submodule index (names compared on hit).
-    submods: Table,
+    submods: Table<u32>,
     /// Text spans of keyword keys by str object (held).
     key_spans: FxHashMap<usize, (Span, Bound<'py, PyAny>)>,
     /// Whether a child of this type is a plain GraphModule (inlined), by type pointer.

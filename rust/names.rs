@@ -482,9 +482,9 @@ pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
     // Hashes of the names `AHEAD` nodes on, by index modulo `AHEAD`.
     let mut ahead: [u64; AHEAD] = std::array::from_fn(hash_of);
     // Name hash -> indices of the chosen names with that hash.
-    let mut used = Table::with_capacity(n);
+    let mut used = Table::<u32>::with_capacity(n);
     // Whether `s` (hash `h`) is taken; if not, records it as node `idx`'s name.
-    let claim = |used: &mut Table, out: &Names, h: u64, s: &str, idx: u32| -> bool {
+    let claim = |used: &mut Table<u32>, out: &Names, h: u64, s: &str, idx: u32| -> bool {
         if used.find(h, |i| out.get(i) == s).is_some() {
             return true;
         }

@@ -1,20 +1,57 @@
-//! A flat open-addressing hash table from `u64` keys to `u32` values, for the two tables that
-//! grow with the graph (node identities and name uniqueness). Unlike a general map it can be
-//! asked to prefetch a key's slot ahead of use, which matters once a graph's tables outgrow the
-//! caches, and it keeps equal keys side by side so callers can tell hash collisions apart.
+//! A flat open-addressing hash table from hashed keys to `u32` values, for the tables that grow
+//! with the graph (node identities, name uniqueness, children by name). Unlike a general map it
+//! can be asked to prefetch a key's slot ahead of use, which matters once a graph's tables
+//! outgrow the caches, and it keeps equal keys side by side so callers can tell hash collisions
+//! apart.
 
-/// Slots hold `(key, value)`; key 0 marks an empty slot (keys are stored as `max(key, 1)`).
-pub struct Table {
-    slots: Vec<(u64, u32)>,
+/// How a table stores keys: whole (`u64`, for keys that must match exactly, such as object
+/// addresses) or as a 32-bit tag of a 64-bit hash (`u32`: half the memory, for callers whose
+/// `accept` compares the real keys behind the values anyway).
+pub trait Key: Copy + Eq {
+    /// Marks an empty slot; never a stored key.
+    const EMPTY: Self;
+    /// The stored form of key `k`.
+    fn stored(k: u64) -> Self;
+    /// The bits the home slot is computed from.
+    fn bits(self) -> u64;
+}
+
+impl Key for u64 {
+    const EMPTY: u64 = 0;
+    #[inline]
+    fn stored(k: u64) -> u64 {
+        k.max(1)
+    }
+    #[inline]
+    fn bits(self) -> u64 {
+        self
+    }
+}
+
+impl Key for u32 {
+    const EMPTY: u32 = 0;
+    #[inline]
+    fn stored(k: u64) -> u32 {
+        ((k >> 32) as u32).max(1)
+    }
+    #[inline]
+    fn bits(self) -> u64 {
+        u64::from(self)
+    }
+}
+
+/// Slots hold `(stored key, value)`.
+pub struct Table<K: Key = u64> {
+    slots: Vec<(K, u32)>,
     len: usize,
 }
 
-impl Table {
+impl<K: Key> Table<K> {
     /// A table for `n` keys without regrowing (at most 3/4 full). The slot count is not rounded
     /// to a power of two (which would double the memory of an unlucky size, such as 100k).
     pub fn with_capacity(n: usize) -> Self {
         Table {
-            slots: vec![(0, 0); (n + n / 3 + 1).max(8)],
+            slots: vec![(K::EMPTY, 0); (n + n / 3 + 1).max(8)],
             len: 0,
         }
     }
@@ -28,15 +65,10 @@ impl Table {
     }
 
     #[inline]
-    fn key(k: u64) -> u64 {
-        k.max(1)
-    }
-
-    #[inline]
-    fn home(&self, k: u64) -> usize {
+    fn home(&self, k: K) -> usize {
         // Fibonacci hashing mixes every bit of the key into the product's high bits; scaling
         // the product to the slot count (a multiply, not a modulo) keeps those bits.
-        let h = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let h = k.bits().wrapping_mul(0x9E37_79B9_7F4A_7C15);
         ((u128::from(h) * self.slots.len() as u128) >> 64) as usize
     }
 
@@ -56,7 +88,7 @@ impl Table {
         // SAFETY: the address is inside `slots`; prefetching has no architectural effect.
         unsafe {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p = self.slots.as_ptr().add(self.home(Self::key(k)));
+            let p = self.slots.as_ptr().add(self.home(K::stored(k)));
             _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -66,11 +98,11 @@ impl Table {
     /// The first value stored under `k` for which `accept` holds.
     #[inline]
     pub fn find(&self, k: u64, mut accept: impl FnMut(u32) -> bool) -> Option<u32> {
-        let k = Self::key(k);
+        let k = K::stored(k);
         let mut i = self.home(k);
         loop {
             let (sk, v) = self.slots[i];
-            if sk == 0 {
+            if sk == K::EMPTY {
                 return None;
             }
             if sk == k && accept(v) {
@@ -83,16 +115,19 @@ impl Table {
     /// Adds `v` under `k` (beside any values already there).
     pub fn insert(&mut self, k: u64, v: u32) {
         if 4 * (self.len + 1) > 3 * self.slots.len() {
-            let bigger = vec![(0, 0); 2 * self.slots.len()];
+            let bigger = vec![(K::EMPTY, 0); 2 * self.slots.len()];
             let old = std::mem::replace(&mut self.slots, bigger);
             self.len = 0;
-            for (k, v) in old.into_iter().filter(|&(k, _)| k != 0) {
-                self.insert(k, v);
+            for (k, v) in old.into_iter().filter(|&(k, _)| k != K::EMPTY) {
+                self.put(k, v);
             }
         }
-        let k = Self::key(k);
+        self.put(K::stored(k), v);
+    }
+
+    fn put(&mut self, k: K, v: u32) {
         let mut i = self.home(k);
-        while self.slots[i].0 != 0 {
+        while self.slots[i].0 != K::EMPTY {
             i = self.next(i);
         }
         self.slots[i] = (k, v);
@@ -102,23 +137,37 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
-    use super::Table;
+    use super::{Key, Table};
+
+    /// Every value is found through growth, among equal keys, and among keys that share a
+    /// stored form (`u32` tags keep only the high half).
+    fn finds_every_value<K: Key>(key: impl Fn(u32) -> u64) {
+        let mut t = Table::<K>::with_capacity(0);
+        for i in 0..10_000u32 {
+            t.insert(key(i / 2), i);
+        }
+        for i in 0..10_000u32 {
+            assert_eq!(t.find(key(i / 2), |v| v == i), Some(i));
+        }
+        // Callers of tagged tables compare the real keys behind the values.
+        assert_eq!(t.find(key(99_999), |v| key(v / 2) == key(99_999)), None);
+    }
 
     #[test]
-    fn finds_every_value_through_growth_and_equal_keys() {
-        let mut t = Table::with_capacity(0);
-        for i in 0..10_000u32 {
-            // Keys 0 and 1 share a slot class; every key appears twice.
-            t.insert(u64::from(i / 2), i);
-        }
-        for i in 0..10_000u32 {
-            assert_eq!(t.find(u64::from(i / 2), |v| v == i), Some(i));
-        }
-        assert_eq!(
-            t.find(0, |v| v == 2),
-            Some(2),
-            "0 and 1 share storage, values tell"
-        );
-        assert_eq!(t.find(99_999, |_| true), None);
+    fn whole_keys() {
+        // Keys 0 and 1 share storage: values tell them apart.
+        finds_every_value::<u64>(u64::from);
+        let mut t = Table::<u64>::with_capacity(4);
+        t.insert(0, 7);
+        t.insert(1, 8);
+        assert_eq!(t.find(0, |v| v == 8), Some(8));
+    }
+
+    #[test]
+    fn tagged_keys() {
+        // High halves spread out, and every tag is shared by four keys.
+        finds_every_value::<u32>(|k| (u64::from(k / 4) << 40) | u64::from(k % 4));
+        // Every key has tag 1.
+        finds_every_value::<u32>(u64::from);
     }
 }
