@@ -369,7 +369,8 @@ impl<'py> Extractor<'py> {
         for node in node_list.try_iter()? {
             let node = node?;
             self.prefetch_ahead(&node, &index);
-            if let Some(pf) = &self.prefault {
+            // 64 nodes fill a few KiB of the arenas, far less than a chunk.
+            if let (Some(pf), 0) = (&self.prefault, nodes.len() % 64) {
                 let [a, t, n, s, sn] = &mut ahead;
                 a.track_vec(pf, &self.prog.args);
                 t.track(
