@@ -485,11 +485,7 @@ pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
     let mut used = Table::<u32>::with_capacity(n);
     // Whether `s` (hash `h`) is taken; if not, records it as node `idx`'s name.
     let claim = |used: &mut Table<u32>, out: &Names, h: u64, s: &str, idx: u32| -> bool {
-        if used.find(h, |i| out.get(i) == s).is_some() {
-            return true;
-        }
-        used.insert(h, idx);
-        false
+        used.claim(h, idx, |i| out.get(i) == s).is_some()
     };
     let mut scratch = String::new();
     for (idx, node) in g.nodes.iter().enumerate() {

@@ -112,8 +112,35 @@ impl<K: Key> Table<K> {
         }
     }
 
+    /// The first value stored under `k` for which `accept` holds; if there is none, stores `v`
+    /// under `k` (one probe sequence for both, where `find` then `insert` would walk it twice).
+    #[inline]
+    pub fn claim(&mut self, k: u64, v: u32, mut accept: impl FnMut(u32) -> bool) -> Option<u32> {
+        self.reserve_one();
+        let k = K::stored(k);
+        let mut i = self.home(k);
+        loop {
+            let (sk, old) = self.slots[i];
+            if sk == K::EMPTY {
+                self.slots[i] = (k, v);
+                self.len += 1;
+                return None;
+            }
+            if sk == k && accept(old) {
+                return Some(old);
+            }
+            i = self.next(i);
+        }
+    }
+
     /// Adds `v` under `k` (beside any values already there).
     pub fn insert(&mut self, k: u64, v: u32) {
+        self.reserve_one();
+        self.put(K::stored(k), v);
+    }
+
+    /// Grows the table if one more key would make it more than 3/4 full.
+    fn reserve_one(&mut self) {
         if 4 * (self.len + 1) > 3 * self.slots.len() {
             let bigger = vec![(K::EMPTY, 0); 2 * self.slots.len()];
             let old = std::mem::replace(&mut self.slots, bigger);
@@ -122,7 +149,6 @@ impl<K: Key> Table<K> {
                 self.put(k, v);
             }
         }
-        self.put(K::stored(k), v);
     }
 
     fn put(&mut self, k: K, v: u32) {
@@ -149,6 +175,12 @@ mod tests {
         for i in 0..10_000u32 {
             assert_eq!(t.find(key(i / 2), |v| v == i), Some(i));
         }
+        // `claim` finds the same values, and stores only what is new.
+        for i in 0..10_000u32 {
+            assert_eq!(t.claim(key(i / 2), u32::MAX, |v| v == i), Some(i));
+        }
+        assert_eq!(t.claim(key(77_777), 5, |v| key(v / 2) == key(77_777)), None);
+        assert_eq!(t.claim(key(77_777), 6, |v| v == 5), Some(5));
         // Callers of tagged tables compare the real keys behind the values.
         assert_eq!(t.find(key(99_999), |v| key(v / 2) == key(99_999)), None);
     }
