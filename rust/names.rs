@@ -244,9 +244,33 @@ pub fn is_builtin(s: &str) -> bool {
     BUILTINS.binary_search(&s).is_ok()
 }
 
-/// Whether `s` (whose [`hash_bytes`] is `h`) is a keyword, builtin or module global: a set of
-/// hashes filters, the exact lists confirm.
+/// Bit `n` of `FIRST_LEN[c]` is set when a keyword, builtin or module global starts with byte
+/// `c` and is `n` bytes long (all are ASCII and shorter than 32 bytes).
+const FIRST_LEN: [u32; 128] = {
+    let lists = [KEYWORDS, BUILTINS, MODULE_GLOBALS];
+    let mut table = [0u32; 128];
+    let mut l = 0;
+    while l < lists.len() {
+        let mut i = 0;
+        while i < lists[l].len() {
+            let b = lists[l][i].as_bytes();
+            assert!(b.len() < 32 && b[0] < 128);
+            table[b[0] as usize] |= 1 << b.len();
+            i += 1;
+        }
+        l += 1;
+    }
+    table
+};
+
+/// Whether `s` (whose [`hash_bytes`] is `h`) is a keyword, builtin or module global: first
+/// byte and length filter, then a set of hashes, then the exact lists confirm.
 fn taken_globally(h: u64, s: &str) -> bool {
+    let b = s.as_bytes();
+    match b.first() {
+        Some(&c) if c < 128 && b.len() < 32 && FIRST_LEN[c as usize] >> b.len() & 1 != 0 => {}
+        _ => return false,
+    }
     static SET: std::sync::OnceLock<rustc_hash::FxHashSet<u64>> = std::sync::OnceLock::new();
     SET.get_or_init(|| {
         KEYWORDS
@@ -260,13 +284,29 @@ fn taken_globally(h: u64, s: &str) -> bool {
         && (is_keyword(s) || is_builtin(s) || MODULE_GLOBALS.contains(&s))
 }
 
+/// `IDENT[b]`: 2 if byte `b` may start an identifier, 1 if it may only continue one.
+const IDENT: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = if c.is_ascii_alphabetic() || c == b'_' {
+            2
+        } else if c.is_ascii_digit() {
+            1
+        } else {
+            0
+        };
+        b += 1;
+    }
+    t
+};
+
 /// An ASCII Python identifier (`[A-Za-z_][A-Za-z0-9_]*`).
 pub fn is_identifier(s: &[u8]) -> bool {
-    match s.first() {
-        Some(c) if c.is_ascii_alphabetic() || *c == b'_' => s[1..]
-            .iter()
-            .all(|c| c.is_ascii_alphanumeric() || *c == b'_'),
-        _ => false,
+    match s.split_first() {
+        Some((&c, rest)) => IDENT[c as usize] == 2 && rest.iter().all(|&c| IDENT[c as usize] != 0),
+        None => false,
     }
 }
 
@@ -410,7 +450,10 @@ impl Reserved<'_> {
 
     /// [`Reserved::is_reserved`] for a name whose [`hash_bytes`] is already known.
     fn is_reserved_h(&self, h: u64, s: &str) -> bool {
-        s.starts_with(self.prefix) || s == self.fn_name || taken_globally(h, s)
+        // The prefix starts with `_`, which few names do: test one byte before the whole.
+        (s.as_bytes().first() == self.prefix.as_bytes().first() && s.starts_with(self.prefix))
+            || s == self.fn_name
+            || taken_globally(h, s)
     }
 }
 
@@ -579,6 +622,26 @@ mod tests {
                 "f_1"
             ]
         );
+    }
+
+    #[test]
+    fn every_global_name_is_taken_and_others_are_not() {
+        for s in KEYWORDS.iter().chain(BUILTINS).chain(MODULE_GLOBALS) {
+            assert!(taken_globally(hash_bytes(s.as_bytes()), s), "{s}");
+        }
+        for s in ["getitem_1", "x", "submod_0", "lens", "Len", ""] {
+            assert!(!taken_globally(hash_bytes(s.as_bytes()), s), "{s}");
+        }
+    }
+
+    #[test]
+    fn identifiers() {
+        for s in ["_", "a", "a1", "_9", "Z_z"] {
+            assert!(is_identifier(s.as_bytes()), "{s}");
+        }
+        for s in ["", "1a", "a-b", "a.b", "é", "a b", "a\0"] {
+            assert!(!is_identifier(s.as_bytes()), "{s}");
+        }
     }
 
     #[test]

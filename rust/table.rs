@@ -140,14 +140,20 @@ impl<K: Key> Table<K> {
     }
 
     /// Grows the table if one more key would make it more than 3/4 full.
+    #[inline]
     fn reserve_one(&mut self) {
         if 4 * (self.len + 1) > 3 * self.slots.len() {
-            let bigger = vec![(K::EMPTY, 0); 2 * self.slots.len()];
-            let old = std::mem::replace(&mut self.slots, bigger);
-            self.len = 0;
-            for (k, v) in old.into_iter().filter(|&(k, _)| k != K::EMPTY) {
-                self.put(k, v);
-            }
+            self.grow();
+        }
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let bigger = vec![(K::EMPTY, 0); 2 * self.slots.len()];
+        let old = std::mem::replace(&mut self.slots, bigger);
+        self.len = 0;
+        for (k, v) in old.into_iter().filter(|&(k, _)| k != K::EMPTY) {
+            self.put(k, v);
         }
     }
 
