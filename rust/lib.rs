@@ -41,7 +41,11 @@ mod core_ext {
     use crate::error::Error;
     use crate::extract::{Extractor, Pool};
     use crate::names::Names;
+    use crate::prefault::{Prefaulter, CHUNK};
     use crate::serial;
+
+    /// Sources at least this large are copied into the `str` with a page-populating helper.
+    const PREFAULT_MIN_BYTES: usize = 8 << 20;
 
     #[pymodule_export]
     use crate::error::CodegenError;
@@ -78,6 +82,17 @@ mod core_ext {
                 return Err(PyErr::fetch(py));
             }
             let mut data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
+            // A large source lands in fresh pages: fault in all but the first quarter on
+            // another thread while this one copies (joined when it drops, after the copy).
+            let _helper = (len >= PREFAULT_MIN_BYTES && default_threads() > 1)
+                .then(Prefaulter::start)
+                .flatten()
+                .inspect(|pf| {
+                    let (start, end) = (data as usize + len / 4, data as usize + len);
+                    for at in (start..end).step_by(CHUNK) {
+                        pf.request(at, (at + CHUNK).min(end));
+                    }
+                });
             for s in parts {
                 let s = s.as_ref();
                 std::ptr::copy_nonoverlapping(s.as_ptr(), data, s.len());
