@@ -164,6 +164,16 @@ def test_literal_round_trip_inline(value: Any, surface: str) -> None:
     assert same(kwargs["kw"], value)
 
 
+def test_source_of_many_mebibytes_is_whole() -> None:
+    # 9 MiB of literal: past the size where the source's str is filled with a helper thread
+    # populating its pages.
+    big = "ab\x00c" * (9 << 18)
+    code = fxcodegen.generate(call_graph(big)).code
+    assert len(code) > 9 << 20 and code.isascii()
+    args, _ = compile_surface(call_graph(big), "native")(None)
+    assert args == (big,)
+
+
 @pytest.mark.parametrize("surface", SURFACES)
 def test_bool_and_int_stay_distinct(surface: str) -> None:
     values = (True, 1, False, 0, 1.0, [True, 1], {True: 1, 0: False})
