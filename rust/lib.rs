@@ -1,9 +1,9 @@
 //! fxcodegen's core: torch.fx split graph → Python source.
 //!
 //! Read top-down: [`ir`] (the node list), [`serial`] (its versioned binary form, read as
-//! untrusted input), [`names`], [`liveness`], [`literal`], [`table`] and [`emit`] are plain Rust;
-//! `extract` (feature `python`) is the only reader of Python objects, and the `_core` module
-//! below only exposes functions.
+//! untrusted input), [`names`], [`liveness`], [`literal`], [`table`], [`prefault`] and [`emit`]
+//! are plain Rust; `extract` (feature `python`) is the only reader of Python objects, and the
+//! `_core` module below only exposes functions.
 
 pub mod emit;
 pub mod error;
