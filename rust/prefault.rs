@@ -132,7 +132,8 @@ fn populate(start: usize, end: usize) -> bool {
         return true;
     }
     // SAFETY: MADV_POPULATE_WRITE only maps pages (as a write fault would) and never changes
-    // their contents; a range that is not (or no longer) mapped fails with ENOMEM, harmlessly.
+    // their contents; a range that is not (or no longer) mapped fails with ENOMEM, and one that
+    // was freed and mapped again meanwhile only gets its pages mapped: harmless either way.
     let rc = unsafe {
         libc::madvise(
             start as *mut libc::c_void,
