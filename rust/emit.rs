@@ -179,8 +179,9 @@ struct Emitter<'a> {
     out: String,
     floats: FxHashMap<u64, (u32, u32)>,
     float_text: String,
-    /// `(key span, passes as key=)` of recently seen keyword keys (callee-free calls).
-    plain_keys: [(Span, bool); PLAIN_KEYS],
+    /// `(key span, its text when it passes as key=)` of recently seen keyword keys (callee-free
+    /// calls).
+    plain_keys: [(Span, Option<&'a str>); PLAIN_KEYS],
     /// Parameters of inlined children called with keywords, by graph.
     params: FxHashMap<u32, Rc<Vec<(String, String)>>>,
     threads: usize,
@@ -213,7 +214,7 @@ impl<'a> Emitter<'a> {
                     start: 0,
                     len: u32::MAX,
                 },
-                false,
+                None,
             ); PLAIN_KEYS],
             params: FxHashMap::default(),
             threads: 1,
@@ -521,12 +522,23 @@ impl<'a> Emitter<'a> {
         let params = callee.map(|g| self.params(g));
         let callee = params.as_deref().map(Vec::as_slice);
         let kw = &p.args[kwargs.range()];
+        // Each key's identifier, found once (for the first `KEYS` keys; the rest are looked up
+        // again below).
+        const KEYS: usize = 8;
+        let mut idents: [Option<&str>; KEYS] = [None; KEYS];
         // All keys pass as `key=value`, or (when one cannot) all go through one `**{...}` in
         // graph order, so a callee taking `**kwargs` sees the traced order either way.
-        let all_plain = kw.chunks_exact(2).all(|pair| match pair[0] {
-            Arg::Str(key) => self.key_ident(key, callee).is_some(),
-            _ => false,
-        });
+        let mut all_plain = true;
+        for (k, pair) in kw.chunks_exact(2).enumerate() {
+            let id = match pair[0] {
+                Arg::Str(key) => self.key_ident(key, callee),
+                _ => None,
+            };
+            if let Some(slot) = idents.get_mut(k) {
+                *slot = id;
+            }
+            all_plain &= id.is_some();
+        }
         if !first {
             put(&mut self.out, ", ");
         }
@@ -537,9 +549,12 @@ impl<'a> Emitter<'a> {
             if k > 0 {
                 put(&mut self.out, ", ");
             }
-            let ident = match pair[0] {
-                Arg::Str(key) => self.key_ident(key, callee),
-                _ => None,
+            let ident = match idents.get(k) {
+                Some(&id) => id,
+                None => match pair[0] {
+                    Arg::Str(key) => self.key_ident(key, callee),
+                    _ => None,
+                },
             };
             match (all_plain, ident) {
                 (true, Some(id)) => {
@@ -579,9 +594,9 @@ impl<'a> Emitter<'a> {
         }
         let slot = &mut self.plain_keys[key.start as usize % PLAIN_KEYS];
         if slot.0 != key {
-            *slot = (key, kw_ident(p.str(key), None).is_some());
+            *slot = (key, kw_ident(p.str(key), None));
         }
-        slot.1.then(|| p.str(key))
+        slot.1
     }
 
     /// `(traced parameter name, identifier)` of an inlined child's placeholders, computed once
@@ -614,8 +629,10 @@ impl<'a> Emitter<'a> {
     fn float(&mut self, v: f64) {
         let bits = v.to_bits();
         if let Some(&(s, l)) = self.floats.get(&bits) {
-            self.out
-                .push_str(&self.float_text[s as usize..(s + l) as usize]);
+            put(
+                &mut self.out,
+                &self.float_text[s as usize..(s + l) as usize],
+            );
             return;
         }
         let start = self.float_text.len();
@@ -635,7 +652,17 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// One argument. Node references (most arguments) are written here, inline in the caller;
+    /// everything else goes through [`Emitter::value`].
+    #[inline]
     fn arg(&mut self, a: &Arg, names: &Names) {
+        match *a {
+            Arg::Node(i) => put(&mut self.out, names.get(i)),
+            _ => self.value(a, names),
+        }
+    }
+
+    fn value(&mut self, a: &Arg, names: &Names) {
         let p = self.p;
         match *a {
             Arg::Node(i) => put(&mut self.out, names.get(i)),
