@@ -787,6 +787,14 @@ def test_keyword_and_non_identifier_kwargs(surface: str) -> None:
     gm = call_graph(**kwargs)
     _, got = compile_surface(gm, surface)(None)
     assert got == kwargs
+    # Many keys, plain ones and one that is not an identifier after the eighth, in order.
+    many = {f"k{i}": i for i in range(11)}
+    for extra in ({}, {"not ident": 11}, {"class": 12}):
+        kw = {**many, **extra}
+        code, _, _ = generate_surface(call_graph(**kw), surface)
+        assert ("**{" in code) == bool(extra)
+        _, got = compile_surface(call_graph(**kw), surface)(None)
+        assert got == kw and list(got) == list(kw)
 
 
 class KwSink(torch.nn.Module):
