@@ -450,10 +450,12 @@ impl Reserved<'_> {
 
     /// [`Reserved::is_reserved`] for a name whose [`hash_bytes`] is already known.
     fn is_reserved_h(&self, h: u64, s: &str) -> bool {
-        // The prefix starts with `_`, which few names do: test one byte before the whole.
-        (s.as_bytes().first() == self.prefix.as_bytes().first() && s.starts_with(self.prefix))
-            || s == self.fn_name
-            || taken_globally(h, s)
+        // Layout prefixes start with `_`, which few names do: test one byte before the whole.
+        let has_prefix = match self.prefix.as_bytes().first() {
+            Some(c) => s.as_bytes().first() == Some(c) && s.starts_with(self.prefix),
+            None => true,
+        };
+        has_prefix || s == self.fn_name || taken_globally(h, s)
     }
 }
 
