@@ -21,10 +21,10 @@ static GRAPH_MODULE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static DEVICE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static GETITEM: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
-fn hash_str(s: &str) -> u64 {
+fn hash_bytes(s: &[u8]) -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = rustc_hash::FxBuildHasher.build_hasher();
-    h.write(s.as_bytes());
+    h.write(s);
     h.finish()
 }
 
@@ -35,6 +35,7 @@ fn type_ptr(obj: &Bound<'_, PyAny>) -> usize {
 
 /// The node fields read per node, in [`Slots`] order.
 const FIELD_NAMES: [&str; 5] = ["op", "name", "target", "_args", "_kwargs"];
+const F_OP: usize = 0;
 const F_NAME: usize = 1;
 const F_TARGET: usize = 2;
 const F_ARGS: usize = 3;
@@ -123,6 +124,8 @@ struct Types<'py> {
     slots: Option<Slots>,
     /// Pointers of the interned op strings fx uses.
     ops: [(usize, Op); 6],
+    /// The interned `"call_module"`.
+    call_module: usize,
     node: usize,
     ilist: usize,
     idict: usize,
@@ -152,6 +155,7 @@ impl<'py> Types<'py> {
         Ok(Types {
             slots: Slots::load(py, &node_type),
             ops,
+            call_module: PyString::intern(py, "call_module").as_ptr() as usize,
             node: node_type.as_ptr() as usize,
             ilist: ilist.as_ptr() as usize,
             idict: idict.as_ptr() as usize,
@@ -276,6 +280,58 @@ impl NodeIndex {
     }
 }
 
+/// A graph module's `_modules`, read in insertion order before it is hashed into: split graphs
+/// call their children in the order they were added, so the entry after the last one found is
+/// nearly always the one wanted. Taking it that way reads the entries in memory order and lets
+/// the next entry's key and child be prefetched, where a hashed lookup misses the cache on the
+/// index, the entry and the key of a large dict.
+struct Children<'a, 'py> {
+    dict: Option<&'a Bound<'py, PyDict>>,
+    /// The `PyDict_Next` position of the entry expected next.
+    next: std::cell::Cell<ffi::Py_ssize_t>,
+}
+
+impl<'py> Children<'_, 'py> {
+    /// The child named `key` (a str whose text is `text`) when it is the entry expected next.
+    ///
+    /// # Safety
+    /// `key` must be a live object.
+    unsafe fn next_if(
+        &self,
+        py: Python<'py>,
+        key: *mut ffi::PyObject,
+        text: &str,
+    ) -> Option<Bound<'py, PyAny>> {
+        let d = self.dict?.as_ptr();
+        let mut pos = self.next.get();
+        let (mut k, mut v) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // Safe on any dict, mutated or not: the position is bounds-checked.
+        if ffi::PyDict_Next(d, &mut pos, &mut k, &mut v) == 0 {
+            return None;
+        }
+        // An exact str key equals `key` exactly when their texts are equal.
+        let same = k == key
+            || (ffi::PyUnicode_CheckExact(k) != 0
+                && ffi::PyUnicode_IS_COMPACT_ASCII(k) != 0
+                && std::slice::from_raw_parts(
+                    ffi::PyUnicode_DATA(k) as *const u8,
+                    ffi::PyUnicode_GET_LENGTH(k) as usize,
+                ) == text.as_bytes());
+        if !same {
+            return None;
+        }
+        // Owned before anything else runs: the dict only lends it.
+        let child = Bound::from_borrowed_ptr(py, v);
+        self.next.set(pos);
+        let (mut k, mut v) = (std::ptr::null_mut(), std::ptr::null_mut());
+        if ffi::PyDict_Next(d, &mut pos, &mut k, &mut v) != 0 {
+            prefetch(k);
+            prefetch(v);
+        }
+        Some(child)
+    }
+}
+
 struct NodeCtx<'a, 'py> {
     index: &'a NodeIndex,
     node: &'a Bound<'py, PyAny>,
@@ -341,6 +397,10 @@ impl<'py> Extractor<'py> {
             .getattr(intern!(py, "_modules"))
             .ok()
             .and_then(|d| d.cast_into::<PyDict>().ok());
+        let children = Children {
+            dict: modules.as_ref(),
+            next: 0.into(),
+        };
         let node_list = graph.getattr(intern!(py, "nodes"))?;
         let n_nodes = node_list.len().unwrap_or(0);
         let mut index = NodeIndex::with_capacity(n_nodes);
@@ -368,7 +428,7 @@ impl<'py> Extractor<'py> {
         let mut keep: Vec<Bound<'py, PyAny>> = Vec::new();
         for node in node_list.try_iter()? {
             let node = node?;
-            self.prefetch_ahead(&node, &index);
+            self.prefetch_ahead(&node, &index, prefix.is_empty());
             // 64 nodes fill a few KiB of the arenas, far less than a chunk.
             if let (Some(pf), 0) = (&self.prefault, nodes.len() % 64) {
                 let [a, t, n, s, sn] = &mut ahead;
@@ -392,7 +452,7 @@ impl<'py> Extractor<'py> {
                 .map_err(|_| node_error(&node, "the name is not a str"))?;
             let name = self.prog.push_str(name);
             let target =
-                unsafe { self.target(op, target_obj, gm, prefix, modules.as_ref(), &node, depth)? };
+                unsafe { self.target(op, target_obj, gm, prefix, &children, &node, depth)? };
             let [.., args_obj, kwargs_obj] = self.fields(&node, &mut keep)?;
             let ctx = NodeCtx {
                 index: &index,
@@ -428,8 +488,10 @@ impl<'py> Extractor<'py> {
     /// Reading a large graph waits on memory: each node, its name, target, args and kwargs are
     /// separate objects. While node `i` is read, this prefetches the fields of node `i + 3`, its
     /// slot in the node index and node `i + 4` itself (loaded by the previous steps' prefetches),
-    /// following `_next` links between exact `Node` objects only.
-    fn prefetch_ahead(&self, node: &Bound<'py, PyAny>, index: &NodeIndex) {
+    /// following `_next` links between exact `Node` objects only. In the root graph it also
+    /// prefetches node `i + 1`'s slot in the child table when it calls a child (its target's
+    /// text was loaded two steps before).
+    fn prefetch_ahead(&self, node: &Bound<'py, PyAny>, index: &NodeIndex, root: bool) {
         const AHEAD: usize = 3;
         let Some(sl) = self.t.slots else { return };
         let is_node = |p: *mut ffi::PyObject| {
@@ -438,8 +500,26 @@ impl<'py> Extractor<'py> {
         };
         let mut n = node.as_ptr();
         // SAFETY: every pointer dereferenced here is an exact `Node` linked from `node` (held),
-        // read while no Python code runs; the field objects are only prefetched.
+        // or one of its fields checked to be an exact str, read while no Python code runs; the
+        // other field objects are only prefetched.
         unsafe {
+            let next = read_slot(n, sl.next);
+            if root
+                && is_node(next)
+                && read_slot(next, sl.fields[F_OP]) as usize == self.t.call_module
+            {
+                let t = read_slot(next, sl.fields[F_TARGET]);
+                if !t.is_null()
+                    && ffi::PyUnicode_CheckExact(t) != 0
+                    && ffi::PyUnicode_IS_COMPACT_ASCII(t) != 0
+                {
+                    let text = std::slice::from_raw_parts(
+                        ffi::PyUnicode_DATA(t) as *const u8,
+                        ffi::PyUnicode_GET_LENGTH(t) as usize,
+                    );
+                    self.submods.prefetch(hash_bytes(text));
+                }
+            }
             for _ in 0..AHEAD {
                 if !is_node(n) {
                     return;
@@ -552,12 +632,13 @@ impl<'py> Extractor<'py> {
     }
 
     /// The child module at dotted path `path` of `gm`: `gm._modules[path]` for a plain name
-    /// (looked up with the node's own target string), else a walk through `_modules` dicts;
-    /// `get_submodule` is the fallback for modules that keep children elsewhere.
+    /// (the entry after the last one found, else looked up with the node's own target string),
+    /// else a walk through `_modules` dicts; `get_submodule` is the fallback for modules that
+    /// keep children elsewhere.
     fn child(
         &self,
         gm: &Bound<'py, PyAny>,
-        modules: Option<&Bound<'py, PyDict>>,
+        children: &Children<'_, 'py>,
         key: &Bound<'py, PyAny>,
         path: &str,
     ) -> Option<Bound<'py, PyAny>> {
@@ -566,7 +647,10 @@ impl<'py> Extractor<'py> {
             d.cast_into::<PyDict>().ok()?.get_item(part).ok().flatten()
         };
         let found = if !path.contains('.') {
-            modules.and_then(|d| {
+            // SAFETY: `key` is held.
+            let next = unsafe { children.next_if(self.py, key.as_ptr(), path) };
+            next.or_else(|| {
+                let d = children.dict?;
                 // SAFETY: a borrowed lookup (the dict holds the value), taken as owned at once.
                 let v = unsafe { ffi::PyDict_GetItemWithError(d.as_ptr(), key.as_ptr()) };
                 if v.is_null() {
@@ -622,7 +706,7 @@ impl<'py> Extractor<'py> {
         t: *mut ffi::PyObject,
         gm: &Bound<'py, PyAny>,
         prefix: &str,
-        modules: Option<&Bound<'py, PyDict>>,
+        children: &Children<'_, 'py>,
         node: &Bound<'py, PyAny>,
         depth: usize,
     ) -> PyResult<Target> {
@@ -657,7 +741,7 @@ impl<'py> Extractor<'py> {
                     qual_buf = format!("{prefix}{local}");
                     &qual_buf
                 };
-                let h = hash_str(qual);
+                let h = hash_bytes(qual.as_bytes());
                 if let Some(i) = self.find_submod(h, qual) {
                     return Ok(Target::Submod(i));
                 }
@@ -665,7 +749,7 @@ impl<'py> Extractor<'py> {
                 let name = self.prog.push_str(qual);
                 // Python code may run from here on: hold the target (`local` is its text).
                 let t = Bound::from_borrowed_ptr(self.py, t);
-                let child = self.child(gm, modules, &t, local).ok_or_else(|| {
+                let child = self.child(gm, children, &t, local).ok_or_else(|| {
                     node_error(node, format!("missing child: no submodule named {local:?}"))
                 })?;
                 self.prog.submods.push(Submod {

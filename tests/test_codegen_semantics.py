@@ -631,6 +631,52 @@ def test_call_module_opaque_and_nested_inlined(surface: str) -> None:
     torch.testing.assert_close(fn(x), want)
 
 
+class Stamp(torch.nn.Module):
+    """An opaque child that leaves its mark: ``x * 10 + k``."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__()
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 10 + self.k
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_children_found_in_any_call_order(surface: str) -> None:
+    # Children are taken from `_modules` in registration order while the calls follow it;
+    # calls out of that order, repeated calls, skipped entries, an entry that is None and a
+    # target that is an equal but distinct str must all still reach the right child.
+    root = torch.nn.Module()
+    for k in range(8):
+        root.add_module(f"c{k}", Stamp(k))
+    order = ["c0", "c1", "c1", "c3", "c2", "c4", "c0", "c7", "c5", "c6", "c7"]
+    g = fx.Graph()
+    h = g.placeholder("x")
+    for name in order:
+        h = g.call_module("".join(list(name)), (h,))
+    g.output(h)
+    gm = raw_gm(g, root)
+    entries = list(gm._modules.items())
+    gm._modules.clear()
+    for name, child in entries:
+        gm._modules[name] = child
+        if name == "c1":
+            gm._modules["empty"] = None
+    x = torch.zeros(1, dtype=torch.float64)
+    want = fx.Interpreter(gm).run(x)
+    assert int(want.item()) == int("".join(name[1] for name in order))
+    torch.testing.assert_close(compile_surface(gm, surface)(x), want)
+    _, names, _ = generate_surface(gm, surface)
+    assert names == list(dict.fromkeys(order))
+    # The None entry is a missing child, whichever way it is looked up.
+    g2 = fx.Graph()
+    g2.output(g2.call_module("empty", (g2.placeholder("x"),)))
+    gm.graph = g2
+    with pytest.raises(CodegenError, match="empty"):
+        generate_surface(gm, surface)
+
+
 @pytest.mark.parametrize("surface", SURFACES)
 def test_call_method_and_kwargs(surface: str) -> None:
     g = fx.Graph()
