@@ -108,11 +108,13 @@ mod core_ext {
             .collect()
     }
 
-    /// The submodule names as a list of str, reusing the target objects that spell them.
-    fn submod_list<'py>(py: Python<'py>, ex: &Extractor<'py>) -> PyResult<Bound<'py, PyList>> {
+    /// The submodule names as a list of str, reusing (taking over) the target objects that
+    /// spell them.
+    fn submod_list<'py>(py: Python<'py>, ex: &mut Extractor<'py>) -> PyResult<Bound<'py, PyList>> {
         let p = &ex.prog;
-        let items = (0..p.submods.len() as u32).map(|i| match ex.submod_names.get(i as usize) {
-            Some(Some(obj)) => Ok(obj.clone()),
+        let mut objs = std::mem::take(&mut ex.submod_names).into_iter();
+        let items = (0..p.submods.len() as u32).map(|i| match objs.next() {
+            Some(Some(obj)) => Ok(obj),
             _ => source_str(py, &[p.submod_name(i)]).map(Bound::into_any),
         });
         PyList::new(py, items.collect::<PyResult<Vec<_>>>()?)
@@ -150,7 +152,7 @@ mod core_ext {
         check_layout(&ex.prog, &layout)?;
         let prog = &ex.prog;
         let code = py.detach(|| emit_with_threads(prog, &layout, default_threads()));
-        let names = submod_list(py, &ex)?;
+        let names = submod_list(py, &mut ex)?;
         let out = write_back(py, &ex.pool, consts, const_index)?;
         // Free the node list before the source is copied into a str (peak memory).
         drop(ex);
