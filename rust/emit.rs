@@ -12,6 +12,7 @@ use crate::ir::{Arg, Graph, Node, Op, Program, Span, SubmodKind, Target};
 use crate::literal::{self, put};
 use crate::liveness::{self, Liveness};
 use crate::names::{self, Names, Reserved};
+use crate::stream::Streamed;
 
 /// The naming scheme of the generated module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,9 +133,21 @@ pub fn emit(p: &Program, layout: &Layout) -> String {
 /// caller copying it elsewhere never holds a joined copy as well; `threads` is 1 or 2 and the
 /// joined source does not depend on it.
 pub fn emit_with_threads(p: &Program, layout: &Layout, threads: usize) -> Vec<String> {
+    emit_streamed(p, layout, threads, Vec::new())
+}
+
+/// [`emit_with_threads`] for a program some of whose graphs already have their names and last
+/// uses, worked out for this layout while they were read; the source is the same.
+pub fn emit_streamed(
+    p: &Program,
+    layout: &Layout,
+    threads: usize,
+    streamed: Vec<Streamed>,
+) -> Vec<String> {
     let nodes: usize = p.graphs.iter().map(|g| g.nodes.len()).sum();
     let mut e = Emitter::new(p, layout, 256 + nodes * 40 + p.text.len() * 2);
     e.threads = threads;
+    e.streamed = streamed;
     if layout.header {
         e.out.push_str("import torch\nimport operator\n");
     }
@@ -142,11 +155,11 @@ pub fn emit_with_threads(p: &Program, layout: &Layout, threads: usize) -> Vec<St
     for (i, sm) in p.submods.iter().enumerate() {
         if let SubmodKind::Inline(g) = sm.kind {
             e.out.push('\n');
-            e.function(&p.graphs[g as usize], Head::Inline(i as u32), &reserved);
+            e.function(g, Head::Inline(i as u32), &reserved);
         }
     }
     e.out.push('\n');
-    e.function(&p.graphs[0], Head::Root, &reserved);
+    e.function(0, Head::Root, &reserved);
     e.done.push(e.out);
     e.done
 }
@@ -185,6 +198,8 @@ struct Emitter<'a> {
     /// Parameters of inlined children called with keywords, by graph.
     params: FxHashMap<u32, Rc<Vec<(String, String)>>>,
     threads: usize,
+    /// Names and last uses worked out before, by graph.
+    streamed: Vec<Streamed>,
     /// Finished pieces of the source, before `out`.
     done: Vec<String>,
 }
@@ -218,6 +233,7 @@ impl<'a> Emitter<'a> {
             ); PLAIN_KEYS],
             params: FxHashMap::default(),
             threads: 1,
+            streamed: Vec::new(),
             done: Vec::new(),
         }
     }
@@ -265,11 +281,18 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    fn function(&mut self, g: &Graph, head: Head, reserved: &Reserved) {
+    fn function(&mut self, gi: u32, head: Head, reserved: &Reserved) {
         let p = self.p;
+        let g = &p.graphs[gi as usize];
         let n = g.nodes.len();
         let parallel = self.threads > 1 && n >= PARALLEL_MIN_NODES;
-        let (names, live) = if parallel {
+        let streamed = match self.streamed.iter().position(|s| s.graph == gi) {
+            Some(at) => Some(self.streamed.swap_remove(at)),
+            None => None,
+        };
+        let (names, live) = if let Some(s) = streamed {
+            (s.names.over(&p.text), s.live)
+        } else if parallel {
             std::thread::scope(|s| {
                 // A thread that cannot be started means doing its part here.
                 let helper = thread::Builder::new()

@@ -7,11 +7,12 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyType};
 use pyo3::{ffi, intern};
 use rustc_hash::FxHashMap;
 
-use crate::emit::{default_threads, PARALLEL_MIN_NODES};
+use crate::emit::{default_threads, Layout, PARALLEL_MIN_NODES};
 use crate::error::Error;
+use crate::helper::{Ahead, Helper};
 use crate::ir::{Arg, Graph, Node, Op, Program, Span, Submod, SubmodKind, Target, MAX_DEPTH};
 use crate::names;
-use crate::prefault::{Ahead, Prefaulter};
+use crate::stream::{Streamed, Streams, BATCH};
 use crate::table::Table;
 
 static NODE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -258,8 +259,15 @@ pub struct Extractor<'py> {
     pub submod_names: Vec<Option<Bound<'py, PyAny>>>,
     /// For `_node_ref`: nodes met outside any graph, in order (named by their own names).
     pub loose: Option<Vec<Bound<'py, PyAny>>>,
-    /// Populates the arenas' next pages on another thread while large graphs are read.
-    prefault: Option<Prefaulter>,
+    /// Populates the arenas' next pages on another thread while large graphs are read, and
+    /// works out their names and last uses when `stream` is set.
+    helper: Option<Helper>,
+    /// The layout's name prefix and entry function, when names are worked out while reading.
+    stream: Option<(&'static str, String)>,
+    /// The nodes the current node references, in order.
+    refs: Vec<u32>,
+    /// Names and last uses of the graphs the helper worked out.
+    pub streamed: Vec<Streamed>,
 }
 
 /// Node object -> index in its graph, for the nodes read so far.
@@ -366,20 +374,31 @@ impl<'py> Extractor<'py> {
             inline_types: FxHashMap::default(),
             submod_names: Vec::new(),
             loose: None,
-            prefault: None,
+            helper: None,
+            stream: None,
+            refs: Vec::new(),
+            streamed: Vec::new(),
         })
+    }
+
+    /// Has the names and last uses of large graphs worked out on the helper thread while they
+    /// are read, for emitting with `layout` ([`Extractor::streamed`]).
+    pub fn stream_for(&mut self, layout: &Layout) {
+        self.stream = Some((layout.style.prefix(), layout.fn_name.to_string()));
     }
 
     /// Extracts `gm` as the root graph and every plain GraphModule child it calls.
     pub fn run(&mut self, gm: &Bound<'py, PyAny>) -> PyResult<()> {
-        let read = self.graph(gm, "", 0);
-        self.prefault = None; // joins the helper
-        read?;
+        // An error drops (joins) the helper.
+        self.graph(gm, "", 0)?;
         self.prog.n_consts = self.pool.objects.len() as u32;
         // Arguments are valid by construction (earlier nodes of the same graph, slots of this
         // pool, strings from Python); the per-node rules still need checking.
         for gi in 0..self.prog.graphs.len() as u32 {
             self.prog.check_shapes(gi)?;
+        }
+        if let Some(h) = self.helper.take() {
+            self.streamed = h.finish();
         }
         debug_assert!(self.prog.validate().is_ok());
         Ok(())
@@ -415,22 +434,28 @@ impl<'py> Extractor<'py> {
             self.submod_names.reserve(n_nodes / 2);
         }
         let mut nodes: Vec<Node> = Vec::with_capacity(n_nodes);
-        if n_nodes >= PARALLEL_MIN_NODES && self.prefault.is_none() && default_threads() > 1 {
-            self.prefault = Prefaulter::start();
+        let large = n_nodes >= PARALLEL_MIN_NODES;
+        if large && self.helper.is_none() && default_threads() > 1 {
+            let streams = self.stream.as_ref().map(|(p, f)| Streams::new(p, f));
+            self.helper = Helper::start(streams);
         }
         // The identity table is written all over from the first node: populate it whole.
         let mut ahead = [(); 5].map(|_| Ahead::default());
-        if let (Some(pf), true) = (&self.prefault, n_nodes >= PARALLEL_MIN_NODES) {
+        if let (Some(pf), true) = (&self.helper, large) {
             let (ptr, len) = index.0.memory();
             pf.request_all(ptr, len);
         }
+        let mut batch = match &self.helper {
+            Some(h) if large && h.streams() => Some(h.batch(gi, n_nodes)),
+            _ => None,
+        };
         // Owned references for fields read through getattr (nodes that are not exactly `Node`).
         let mut keep: Vec<Bound<'py, PyAny>> = Vec::new();
         for node in node_list.try_iter()? {
             let node = node?;
             self.prefetch_ahead(&node, &index, prefix.is_empty());
             // 64 nodes fill a few KiB of the arenas, far less than a chunk.
-            if let (Some(pf), 0) = (&self.prefault, nodes.len() % 64) {
+            if let (Some(pf), 0) = (&self.helper, nodes.len() % 64) {
                 let [a, t, n, s, sn] = &mut ahead;
                 a.track_vec(pf, &self.prog.args);
                 t.track(
@@ -450,6 +475,9 @@ impl<'py> Extractor<'py> {
             let op = unsafe { self.op(op_obj, &node)? };
             let name = unsafe { self.text_of(name_obj) }
                 .map_err(|_| node_error(&node, "the name is not a str"))?;
+            if let Some(b) = &mut batch {
+                b.text.push_str(name);
+            }
             let name = self.prog.push_str(name);
             let target =
                 unsafe { self.target(op, target_obj, gm, prefix, &children, &node, depth)? };
@@ -460,6 +488,7 @@ impl<'py> Extractor<'py> {
             };
             // SAFETY: no Python code runs while the argument objects are walked (`arg` calls
             // only C functions of exact builtin types), so the borrowed pointers stay valid.
+            self.refs.clear();
             let (args, kwargs) = unsafe {
                 if ffi::PyTuple_Check(args_obj) == 0 {
                     return Err(node_error(&node, "args is not a tuple"));
@@ -480,6 +509,15 @@ impl<'py> Extractor<'py> {
                 args,
                 kwargs,
             });
+            if let (Some(b), Some(h)) = (&mut batch, &self.helper) {
+                b.push(name, op == Op::Output, &self.refs);
+                if b.nodes.len() == BATCH {
+                    h.send(std::mem::replace(b, h.batch(gi, n_nodes)));
+                }
+            }
+        }
+        if let (Some(b), Some(h)) = (batch, &self.helper) {
+            h.send(b);
         }
         self.prog.graphs[gi as usize] = Graph { nodes };
         Ok(gi)
@@ -909,6 +947,7 @@ impl<'py> Extractor<'py> {
     /// `a` must be a live object.
     unsafe fn node_ref(&mut self, a: *mut ffi::PyObject, ctx: &NodeCtx<'_, 'py>) -> PyResult<Arg> {
         if let Some(i) = ctx.index.get(a as usize) {
+            self.refs.push(i);
             return Ok(Arg::Node(i));
         }
         let a = Bound::from_borrowed_ptr(self.py, a);

@@ -1,18 +1,19 @@
 //! fxcodegen's core: torch.fx split graph → Python source.
 //!
 //! Read top-down: [`ir`] (the node list), [`serial`] (its versioned binary form, read as
-//! untrusted input), [`names`], [`liveness`], [`literal`], [`table`], [`prefault`] and [`emit`]
-//! are plain Rust; `extract` (feature `python`) is the only reader of Python objects, and the
-//! `_core` module below only exposes functions.
+//! untrusted input), [`names`], [`liveness`], [`literal`], [`table`], [`helper`], [`stream`]
+//! and [`emit`] are plain Rust; `extract` (feature `python`) is the only reader of Python
+//! objects, and the `_core` module below only exposes functions.
 
 pub mod emit;
 pub mod error;
+pub mod helper;
 pub mod ir;
 pub mod literal;
 pub mod liveness;
 pub mod names;
-pub mod prefault;
 pub mod serial;
+pub mod stream;
 pub mod table;
 
 #[cfg(feature = "python")]
@@ -35,13 +36,11 @@ mod core_ext {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
-    use crate::emit::{
-        check_layout, default_threads, emit_with_threads, format_arg, Layout, Style,
-    };
+    use crate::emit::{check_layout, default_threads, emit_streamed, format_arg, Layout, Style};
     use crate::error::Error;
     use crate::extract::{Extractor, Pool};
+    use crate::helper::{Helper, CHUNK};
     use crate::names::Names;
-    use crate::prefault::{Prefaulter, CHUNK};
     use crate::serial;
 
     /// Sources at least this large are copied into the `str` with a page-populating helper.
@@ -85,7 +84,7 @@ mod core_ext {
             // A large source lands in fresh pages: fault in all but the first quarter on
             // another thread while this one copies (joined when it drops, after the copy).
             let _helper = (len >= PREFAULT_MIN_BYTES && default_threads() > 1)
-                .then(Prefaulter::start)
+                .then(|| Helper::start(None))
                 .flatten()
                 .inspect(|pf| {
                     let (start, end) = (data as usize + len / 4, data as usize + len);
@@ -148,10 +147,11 @@ mod core_ext {
             _ => Pool::new(),
         };
         let mut ex = Extractor::new(py, resolver.clone(), pool)?;
+        ex.stream_for(&layout);
         ex.run(gm)?;
         check_layout(&ex.prog, &layout)?;
-        let prog = &ex.prog;
-        let code = py.detach(|| emit_with_threads(prog, &layout, default_threads()));
+        let (prog, streamed) = (&ex.prog, std::mem::take(&mut ex.streamed));
+        let code = py.detach(|| emit_streamed(prog, &layout, default_threads(), streamed));
         let names = submod_list(py, &mut ex)?;
         let out = write_back(py, &ex.pool, consts, const_index)?;
         // Free the node list before the source is copied into a str (peak memory).

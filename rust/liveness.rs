@@ -24,48 +24,98 @@ const NEVER: u32 = u32::MAX;
 const RETURNED: u32 = u32::MAX - 1;
 
 pub fn compute(p: &Program, g: &Graph) -> Liveness {
-    let n = g.nodes.len();
-    // last[i]: the last statement using node i, NEVER if none, RETURNED if the output uses it.
-    let mut last = vec![NEVER; n];
-    let mut uses = vec![0u32; n];
-    for (j, node) in g.nodes.iter().enumerate() {
-        let j = j as u32;
-        let mut mark = |i: u32| {
-            uses[i as usize] += 1;
-            let slot = &mut last[i as usize];
-            if node.op == Op::Output {
-                *slot = RETURNED;
-            } else if *slot != RETURNED {
-                *slot = j;
+    let mut b = Builder::with_capacity(g.nodes.len());
+    for node in &g.nodes {
+        b.push(node.op == Op::Output);
+        p.for_each_ref(node.args, &mut |i| b.mark(i));
+        p.for_each_ref(node.kwargs, &mut |i| b.mark(i));
+    }
+    b.finish()
+}
+
+/// [`compute`] for nodes handed over one at a time: [`Builder::push`] each node, then
+/// [`Builder::mark`] every reference it makes (to earlier nodes), in any order.
+#[derive(Debug, Default)]
+pub struct Builder {
+    /// last[i]: the last statement using node i, NEVER if none, RETURNED if the output uses it.
+    last: Vec<u32>,
+    uses: Vec<u32>,
+    /// Output nodes, in order.
+    outputs: Vec<u32>,
+    /// Whether the node pushed last is an output.
+    output: bool,
+}
+
+impl Builder {
+    pub fn with_capacity(n: usize) -> Self {
+        Builder {
+            last: Vec::with_capacity(n),
+            uses: Vec::with_capacity(n),
+            outputs: Vec::new(),
+            output: false,
+        }
+    }
+
+    pub fn push(&mut self, output: bool) {
+        if output {
+            self.outputs.push(self.last.len() as u32);
+        }
+        self.output = output;
+        self.last.push(NEVER);
+        self.uses.push(0);
+    }
+
+    /// The node pushed last uses node `i`.
+    #[inline]
+    pub fn mark(&mut self, i: u32) {
+        let j = self.last.len() as u32 - 1;
+        self.uses[i as usize] += 1;
+        let slot = &mut self.last[i as usize];
+        if self.output {
+            *slot = RETURNED;
+        } else if *slot != RETURNED {
+            *slot = j;
+        }
+    }
+
+    pub fn finish(self) -> Liveness {
+        let Builder {
+            mut last,
+            uses,
+            outputs,
+            ..
+        } = self;
+        let n = last.len();
+        // An output node nothing uses is not released either.
+        for &o in &outputs {
+            if last[o as usize] == NEVER {
+                last[o as usize] = RETURNED;
+            }
+        }
+        let pos = |i: usize| -> Option<usize> {
+            match last[i] {
+                RETURNED => None,
+                NEVER => Some(i),
+                l => Some(l as usize),
             }
         };
-        p.for_each_ref(node.args, &mut mark);
-        p.for_each_ref(node.kwargs, &mut mark);
-    }
-    let pos = |i: usize| -> Option<usize> {
-        match last[i] {
-            RETURNED => None,
-            NEVER if g.nodes[i].op == Op::Output => None,
-            NEVER => Some(i),
-            l => Some(l as usize),
+        let mut start = vec![0u32; n + 1];
+        for i in 0..n {
+            if let Some(at) = pos(i) {
+                start[at + 1] += 1;
+            }
         }
-    };
-    let mut start = vec![0u32; n + 1];
-    for i in 0..n {
-        if let Some(at) = pos(i) {
-            start[at + 1] += 1;
+        for j in 0..n {
+            start[j + 1] += start[j];
         }
-    }
-    for j in 0..n {
-        start[j + 1] += start[j];
-    }
-    let mut fill = start.clone();
-    let mut list = vec![0u32; start[n] as usize];
-    for i in 0..n {
-        if let Some(at) = pos(i) {
-            list[fill[at] as usize] = i as u32;
-            fill[at] += 1;
+        let mut fill = start.clone();
+        let mut list = vec![0u32; start[n] as usize];
+        for i in 0..n {
+            if let Some(at) = pos(i) {
+                list[fill[at] as usize] = i as u32;
+                fill[at] += 1;
+            }
         }
+        Liveness { start, list, uses }
     }
-    Liveness { start, list, uses }
 }

@@ -489,16 +489,21 @@ impl<'a> Names<'a> {
 
     #[inline]
     pub fn get(&self, i: u32) -> &str {
-        let (s, l) = self.spans[i as usize];
-        let (text, l) = match l & EXTRA {
-            0 => (self.base, l),
-            _ => (self.extra.as_str(), l & !EXTRA),
-        };
-        // SAFETY: every span covers a whole `&str` inside `base` (a node name that
-        // `Program::str` returned checked, kept only when shorter than `EXTRA`) or `extra`, so
-        // it is in bounds and on char boundaries.
-        unsafe { text.get_unchecked(s as usize..(s + l) as usize) }
+        span_text(self.base, &self.extra, self.spans[i as usize])
     }
+}
+
+/// The text of a name span over `base` or, marked [`EXTRA`], over `extra`.
+#[inline]
+fn span_text<'s>(base: &'s str, extra: &'s str, (s, l): (u32, u32)) -> &'s str {
+    let (text, l) = match l & EXTRA {
+        0 => (base, l),
+        _ => (extra, l & !EXTRA),
+    };
+    // SAFETY: every span covers a whole `&str` inside `base` (a node name that
+    // `Program::str` returned checked, or its copy, kept only when shorter than `EXTRA`) or
+    // `extra`, so it is in bounds and on char boundaries.
+    unsafe { text.get_unchecked(s as usize..(s + l) as usize) }
 }
 
 fn hash_bytes(b: &[u8]) -> u64 {
@@ -508,45 +513,52 @@ fn hash_bytes(b: &[u8]) -> u64 {
     h.finish()
 }
 
-/// Assigns every node of `g` a unique identifier: its own name when that is allowed and free,
-/// else a sanitized form with the first free `_N` suffix.
-pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
-    /// How far ahead the uniqueness table's slots are prefetched.
-    const AHEAD: usize = 8;
-    let n = g.nodes.len();
-    let mut out = Names {
-        base: &p.text,
-        extra: String::new(),
-        spans: Vec::with_capacity(n),
-    };
-    let hash_of = |j: usize| {
-        g.nodes
-            .get(j)
-            .map_or(0, |node| hash_bytes(p.str(node.name).as_bytes()))
-    };
-    // Hashes of the names `AHEAD` nodes on, by index modulo `AHEAD`.
-    let mut ahead: [u64; AHEAD] = std::array::from_fn(hash_of);
-    // Name hash -> indices of the chosen names with that hash.
-    let mut used = Table::<u32>::with_capacity(n);
-    // Whether `s` (hash `h`) is taken; if not, records it as node `idx`'s name.
-    let claim = |used: &mut Table<u32>, out: &Names, h: u64, s: &str, idx: u32| -> bool {
-        used.claim(h, idx, |i| out.get(i) == s).is_some()
-    };
-    let mut scratch = String::new();
-    for (idx, node) in g.nodes.iter().enumerate() {
-        let h = ahead[idx % AHEAD];
-        ahead[idx % AHEAD] = hash_of(idx + AHEAD);
-        used.prefetch(ahead[idx % AHEAD]);
-        let idx = idx as u32;
-        let raw = p.str(node.name);
+/// The identifiers chosen so far for one function, in node order: the parts of a [`Names`]
+/// without its base, which each call passes.
+struct Assigner {
+    extra: String,
+    spans: Vec<(u32, u32)>,
+    /// Name hash -> indices of the chosen names with that hash.
+    used: Table<u32>,
+    scratch: String,
+}
+
+impl Assigner {
+    fn new(n: usize) -> Self {
+        Assigner {
+            extra: String::new(),
+            spans: Vec::with_capacity(n),
+            used: Table::with_capacity(n),
+            scratch: String::new(),
+        }
+    }
+
+    /// Whether `s` (hash `h`) is taken; if not, records it as node `idx`'s name.
+    fn claim(&mut self, base: &str, h: u64, s: &str, idx: u32) -> bool {
+        let (extra, spans) = (&self.extra, &self.spans);
+        let taken = |i: u32| span_text(base, extra, spans[i as usize]) == s;
+        self.used.claim(h, idx, taken).is_some()
+    }
+
+    fn push_extra(&mut self, s: &str) {
+        let start = self.extra.len() as u32;
+        self.extra.push_str(s);
+        self.spans.push((start, s.len() as u32 | EXTRA));
+    }
+
+    /// Names the next node, whose own name `raw` (hash `h`) is `base[at..at + raw.len()]`: that
+    /// name when it is allowed and free, else a sanitized form with the first free `_N` suffix.
+    fn add(&mut self, base: &str, h: u64, raw: &str, at: u32, reserved: &Reserved) {
+        let idx = self.spans.len() as u32;
         if is_identifier(raw.as_bytes())
             && raw.len() < EXTRA as usize
             && !reserved.is_reserved_h(h, raw)
-            && !claim(&mut used, &out, h, raw, idx)
+            && !self.claim(base, h, raw, idx)
         {
-            out.spans.push((node.name.start, node.name.len));
-            continue;
+            self.spans.push((at, raw.len() as u32));
+            return;
         }
+        let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         for (k, c) in raw.chars().enumerate() {
             if c.is_ascii_alphanumeric() || c == '_' {
@@ -567,19 +579,115 @@ pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
         // The candidate is pushed first so `claim` can compare against it by index.
         loop {
             let h = hash_bytes(scratch.as_bytes());
-            out.push_extra(&scratch);
-            if !reserved.is_reserved_h(h, &scratch) && !claim(&mut used, &out, h, &scratch, idx) {
+            self.push_extra(&scratch);
+            if !reserved.is_reserved_h(h, &scratch) && !self.claim(base, h, &scratch, idx) {
                 break;
             }
-            out.spans.pop();
-            out.extra.truncate(out.extra.len() - scratch.len());
+            self.spans.pop();
+            self.extra.truncate(self.extra.len() - scratch.len());
             k += 1;
             scratch.truncate(base_len);
             scratch.push('_');
             scratch.push_str(itoa::Buffer::new().format(k));
         }
+        self.scratch = scratch;
     }
-    out
+}
+
+/// Assigns every node of `g` a unique identifier (see [`Assigner::add`]).
+pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
+    /// How far ahead the uniqueness table's slots are prefetched.
+    const AHEAD: usize = 8;
+    let mut a = Assigner::new(g.nodes.len());
+    let hash_of = |j: usize| {
+        g.nodes
+            .get(j)
+            .map_or(0, |node| hash_bytes(p.str(node.name).as_bytes()))
+    };
+    // Hashes of the names `AHEAD` nodes on, by index modulo `AHEAD`.
+    let mut ahead: [u64; AHEAD] = std::array::from_fn(hash_of);
+    for (idx, node) in g.nodes.iter().enumerate() {
+        let h = ahead[idx % AHEAD];
+        ahead[idx % AHEAD] = hash_of(idx + AHEAD);
+        a.used.prefetch(ahead[idx % AHEAD]);
+        a.add(&p.text, h, p.str(node.name), node.name.start, reserved);
+    }
+    NameParts {
+        extra: a.extra,
+        spans: a.spans,
+    }
+    .over(&p.text)
+}
+
+/// [`assign`] for nodes handed over one at a time while the graph is still being read, from
+/// copies of their names: the result ([`Namer::finish`]) names kept names by their spans in the
+/// program text, exactly as `assign` would.
+pub struct Namer {
+    /// The copies, in node order.
+    text: String,
+    a: Assigner,
+    /// Per node, where its name starts in the program text.
+    at: Vec<u32>,
+    prefix: &'static str,
+    fn_name: String,
+}
+
+/// What [`Namer::finish`] returns: the parts of a [`Names`] over the program text.
+#[derive(Debug)]
+pub struct NameParts {
+    extra: String,
+    spans: Vec<(u32, u32)>,
+}
+
+impl Namer {
+    /// A namer for a function of about `n` nodes.
+    pub fn new(prefix: &'static str, fn_name: &str, n: usize) -> Namer {
+        Namer {
+            text: String::with_capacity(n * 16),
+            a: Assigner::new(n),
+            at: Vec::with_capacity(n),
+            prefix,
+            fn_name: fn_name.to_string(),
+        }
+    }
+
+    /// Names the next node, whose name is `name`, found at `at` in the program text.
+    pub fn add(&mut self, name: &str, at: u32) {
+        let local = self.text.len() as u32;
+        self.text.push_str(name);
+        self.at.push(at);
+        let reserved = Reserved {
+            prefix: self.prefix,
+            fn_name: &self.fn_name,
+        };
+        let h = hash_bytes(name.as_bytes());
+        self.a.add(&self.text, h, name, local, &reserved);
+    }
+
+    /// The names, with kept ones moved from the copies to the program text.
+    pub fn finish(self) -> NameParts {
+        let mut spans = self.a.spans;
+        for (span, &at) in spans.iter_mut().zip(&self.at) {
+            if span.1 & EXTRA == 0 {
+                span.0 = at;
+            }
+        }
+        NameParts {
+            extra: self.a.extra,
+            spans,
+        }
+    }
+}
+
+impl NameParts {
+    /// The names, over `base`: the program text the spans were taken from.
+    pub fn over(self, base: &str) -> Names<'_> {
+        Names {
+            base,
+            extra: self.extra,
+            spans: self.spans,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -323,3 +323,57 @@ def test_large_graph_emitted_by_two_threads_matches_fx_and_one_thread() -> None:
         check=True,
     )
     assert one.stdout.strip() == hashlib.sha256(gen.code.encode()).hexdigest()
+
+
+AWKWARD_NAMES = ["torch", "del", "sum", "execution_fn", "__fx_s0", "a-b", "1st", "x", "torch_1"]
+
+
+def awkward_large_gm(n: int = 4_200) -> fx.GraphModule:
+    """A chain of ``n`` adds whose node names need renaming (reserved, keywords, builtins, the
+    entry function, the layout prefix, non-identifiers, repeats), each also using a value far
+    back, so names and last uses are both non-trivial."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    made = [x]
+    for k in range(n):
+        node = g.call_function(operator.add, (made[-1], made[k * 7 % len(made)]))
+        node.name = AWKWARD_NAMES[k % len(AWKWARD_NAMES)]
+        made.append(node)
+    g.output(made[-1])
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+@pytest.mark.parametrize("surface", ["native", "vllm"])
+def test_large_graph_names_worked_out_while_reading_match_one_thread(surface: str) -> None:
+    """Graphs of 4,096+ nodes get their names and last uses on a helper thread while they are
+    read; with names that all need care, the code runs like the graph and equals the code of a
+    single-threaded run, which works them out after reading."""
+    gm = awkward_large_gm()
+    x = torch.tensor([1.0], dtype=torch.float64)
+    if surface == "native":
+        gen = fxcodegen.generate(gm)
+        code = gen.code
+        fn = fxcodegen.compile_execution_fn(code, {}, gen.submod_names, gen.consts)
+    else:
+        code, names, consts = vllm.generate_execution_code(gm)
+        fn = vllm.compile_execution_fn(code, [], names, consts)
+    assert "torch_1_1 = " in code  # a rename of a rename
+    assert ("v__fx_s0 = " in code) == (surface == "native")  # only native reserves __fx_
+    assert_same(fn(x), fx.Interpreter(gm).run(x))
+    script = (
+        "import hashlib, sys; sys.path.insert(0, sys.argv[1]);"
+        "import fxcodegen, test_codegen_differential as T; from fxcodegen.compat import vllm;"
+        "gm = T.awkward_large_gm();"
+        f"code = fxcodegen.generate(gm).code if {surface == 'native'} else "
+        "vllm.generate_execution_code(gm)[0];"
+        "print(hashlib.sha256(code.encode()).hexdigest())"
+    )
+    env = {**os.environ, "FXCODEGEN_THREADS": "1"}
+    one = subprocess.run(
+        [sys.executable, "-c", script, str(Path(__file__).parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert one.stdout.strip() == hashlib.sha256(code.encode()).hexdigest()

@@ -1,49 +1,82 @@
-//! Page population ahead of a single-threaded writer, on another thread.
+//! A helper thread for the reader of a large graph.
 //!
-//! The first write to a fresh page costs a page fault: about 2–3 µs on the VMs fxcodegen is
-//! measured on, and a large graph's node list fills thousands of fresh pages. Reading Python
-//! objects cannot be split across threads, but the faults can: the reader hands the ranges it
-//! is about to fill to a helper thread, which maps them with `madvise(MADV_POPULATE_WRITE)`.
-//! That populates page tables without reading or writing the memory, so it never races with
-//! the writer, and it only ever runs a bounded distance ahead ([`CHUNK`]), so it adds at most
-//! a few hundred KiB of resident memory. Where the call is unsupported (not Linux, kernels
-//! before 5.14) the helper stops and everything behaves as without it.
+//! Reading Python objects cannot be split across threads, but two other costs of a large read
+//! can go to a second one:
+//!
+//! - **Page faults.** The first write to a fresh page costs a fault: about 2–3 µs on the VMs
+//!   fxcodegen is measured on, and a large graph's node list fills thousands of fresh pages.
+//!   The reader hands the ranges it is about to fill to the helper, which maps them with
+//!   `madvise(MADV_POPULATE_WRITE)`. That populates page tables without reading or writing the
+//!   memory, so it never races with the writer, and it only ever runs a bounded distance ahead
+//!   ([`CHUNK`]), so it adds at most a few hundred KiB of resident memory. Where the call is
+//!   unsupported (not Linux, kernels before 5.14) population stops and everything behaves as
+//!   without it.
+//! - **Names and last uses** ([`crate::stream`]), from copies the reader hands over in
+//!   batches, whose buffers come back for reuse.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+
+use crate::stream::{Batch, Streamed, Streams};
 
 /// How far ahead of a writer pages are populated, in bytes (requests go out in these steps).
 pub const CHUNK: usize = 256 << 10;
 
-/// A helper thread populating the page ranges sent to it; joined on drop.
-pub struct Prefaulter {
-    tx: Option<Sender<(usize, usize)>>,
-    thread: Option<JoinHandle<()>>,
-    off: Arc<AtomicBool>,
+enum Job {
+    Populate(usize, usize),
+    Nodes(Batch),
 }
 
-impl Prefaulter {
-    /// Starts the helper, or None where no thread can be started.
-    pub fn start() -> Option<Prefaulter> {
-        let (tx, rx) = channel::<(usize, usize)>();
+/// The helper thread; joined on drop.
+pub struct Helper {
+    tx: Option<Sender<Job>>,
+    thread: Option<JoinHandle<Vec<Streamed>>>,
+    off: Arc<AtomicBool>,
+    /// Batches handed back, empty.
+    spare: Receiver<Batch>,
+    streams: bool,
+}
+
+impl Helper {
+    /// Starts the helper, or None where no thread can be started. With `streams` it also takes
+    /// batches of nodes ([`Helper::send`]).
+    pub fn start(streams: Option<Streams>) -> Option<Helper> {
+        let (tx, rx) = channel::<Job>();
+        let (back, spare) = channel::<Batch>();
         let off = Arc::new(AtomicBool::new(false));
         let flag = off.clone();
+        let has_streams = streams.is_some();
         let thread = std::thread::Builder::new()
-            .name("fxcodegen-prefault".into())
+            .name("fxcodegen-helper".into())
             .spawn(move || {
-                for (start, end) in rx {
-                    if !flag.load(Ordering::Relaxed) && !populate(start, end) {
-                        flag.store(true, Ordering::Relaxed);
+                let mut streams = streams;
+                for job in rx {
+                    match job {
+                        Job::Populate(start, end) => {
+                            if !flag.load(Ordering::Relaxed) && !populate(start, end) {
+                                flag.store(true, Ordering::Relaxed);
+                            }
+                        }
+                        Job::Nodes(b) => {
+                            if let Some(s) = &mut streams {
+                                s.take(&b);
+                            }
+                            // The reader may be gone: the batch is then simply freed.
+                            let _ = back.send(b);
+                        }
                     }
                 }
+                streams.map(Streams::finish).unwrap_or_default()
             })
             .ok()?;
-        Some(Prefaulter {
+        Some(Helper {
             tx: Some(tx),
             thread: Some(thread),
             off,
+            spare,
+            streams: has_streams,
         })
     }
 
@@ -54,7 +87,7 @@ impl Prefaulter {
         }
         if let Some(tx) = &self.tx {
             // A helper that is gone only means no more help.
-            let _ = tx.send((start, end));
+            let _ = tx.send(Job::Populate(start, end));
         }
     }
 
@@ -63,9 +96,38 @@ impl Prefaulter {
     pub fn request_all<T>(&self, ptr: *const T, len: usize) {
         self.request(ptr as usize, ptr as usize + len);
     }
+
+    /// Whether the helper takes batches of nodes.
+    pub fn streams(&self) -> bool {
+        self.streams
+    }
+
+    /// An empty batch for `graph` (of `size` nodes): one handed back if any.
+    pub fn batch(&self, graph: u32, size: usize) -> Batch {
+        let mut b = self.spare.try_recv().unwrap_or_default();
+        b.reset(graph, size);
+        b
+    }
+
+    /// Hands a batch of nodes over.
+    pub fn send(&self, b: Batch) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Job::Nodes(b));
+        }
+    }
+
+    /// Waits for the helper to finish: the names and last uses of every graph streamed, or
+    /// none if the thread failed (whose work the emitter then does itself).
+    pub fn finish(mut self) -> Vec<Streamed> {
+        drop(self.tx.take());
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
 }
 
-impl Drop for Prefaulter {
+impl Drop for Helper {
     fn drop(&mut self) {
         drop(self.tx.take());
         if let Some(t) = self.thread.take() {
@@ -86,7 +148,7 @@ impl Ahead {
     /// Called as the buffer at `base` (capacity `cap` bytes) fills up to `used` bytes; a moved
     /// buffer starts over.
     #[inline]
-    pub fn track(&mut self, pf: &Prefaulter, base: *const u8, used: usize, cap: usize) {
+    pub fn track(&mut self, pf: &Helper, base: *const u8, used: usize, cap: usize) {
         let base = base as usize;
         if base != self.base {
             self.base = base;
@@ -101,7 +163,7 @@ impl Ahead {
 
     /// [`Ahead::track`] for a vector.
     #[inline]
-    pub fn track_vec<T>(&mut self, pf: &Prefaulter, v: &Vec<T>) {
+    pub fn track_vec<T>(&mut self, pf: &Helper, v: &Vec<T>) {
         let size = std::mem::size_of::<T>();
         self.track(
             pf,
@@ -155,7 +217,7 @@ mod tests {
 
     #[test]
     fn ahead_requests_stay_within_capacity_and_restart_on_a_moved_buffer() {
-        let pf = Prefaulter::start().expect("a helper thread");
+        let pf = Helper::start(None).expect("a helper thread");
         let mut v: Vec<u64> = Vec::with_capacity(1 << 20);
         let mut ahead = Ahead::default();
         for i in 0..(1u64 << 20) {

@@ -1,0 +1,236 @@
+//! Names and last uses of a large graph's nodes, worked out on the helper thread while the
+//! graph is still being read: the reader hands over, in batches, each node's name (a copy) and
+//! the nodes it references, which is all [`crate::names::assign`] and
+//! [`crate::liveness::compute`] look at. Their results are the same as if computed after the
+//! read; the emitter then only writes statements.
+
+use crate::ir::Span;
+use crate::liveness::{Builder, Liveness};
+use crate::names::{NameParts, Namer};
+
+/// How many nodes go to the helper at a time.
+pub const BATCH: usize = 4096;
+
+/// Consecutive nodes of one graph.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub graph: u32,
+    /// How many nodes the graph has (a capacity hint).
+    pub size: u32,
+    /// The nodes' names, one after another.
+    pub text: String,
+    pub nodes: Vec<Summary>,
+    /// The nodes each node references, one node after another.
+    pub refs: Vec<u32>,
+}
+
+/// What the helper needs of one node.
+#[derive(Clone, Copy, Debug)]
+pub struct Summary {
+    /// Where the name is in the program text (the copy in [`Batch::text`] is as long).
+    pub name: Span,
+    /// How many entries of [`Batch::refs`] are this node's.
+    pub refs: u32,
+    pub output: bool,
+}
+
+impl Batch {
+    /// Empties the batch for reuse by `graph` (of `size` nodes), keeping its buffers.
+    pub fn reset(&mut self, graph: u32, size: usize) {
+        self.graph = graph;
+        self.size = size as u32;
+        self.text.clear();
+        self.nodes.clear();
+        self.refs.clear();
+    }
+
+    /// Adds a node whose name, at `at` in the program text, was copied to [`Batch::text`] first.
+    pub fn push(&mut self, at: Span, output: bool, refs: &[u32]) {
+        self.nodes.push(Summary {
+            name: at,
+            refs: refs.len() as u32,
+            output,
+        });
+        self.refs.extend_from_slice(refs);
+    }
+}
+
+/// One graph's names and last uses.
+#[derive(Debug)]
+pub struct Streamed {
+    pub graph: u32,
+    pub names: NameParts,
+    pub live: Liveness,
+}
+
+/// Per graph, the names and last uses of the nodes handed over so far.
+pub struct Streams {
+    prefix: &'static str,
+    fn_name: String,
+    graphs: Vec<(u32, Namer, Builder)>,
+}
+
+impl Streams {
+    /// Streams for a layout whose names start with `prefix` and whose entry is `fn_name`.
+    pub fn new(prefix: &'static str, fn_name: &str) -> Streams {
+        Streams {
+            prefix,
+            fn_name: fn_name.to_string(),
+            graphs: Vec::new(),
+        }
+    }
+
+    pub fn take(&mut self, b: &Batch) {
+        let at = match self.graphs.iter().position(|g| g.0 == b.graph) {
+            Some(at) => at,
+            None => {
+                let n = b.size as usize;
+                let namer = Namer::new(self.prefix, &self.fn_name, n);
+                self.graphs
+                    .push((b.graph, namer, Builder::with_capacity(n)));
+                self.graphs.len() - 1
+            }
+        };
+        let (_, namer, live) = &mut self.graphs[at];
+        let (mut t, mut r) = (0, 0);
+        for node in &b.nodes {
+            let len = node.name.len as usize;
+            namer.add(&b.text[t..t + len], node.name.start);
+            t += len;
+            live.push(node.output);
+            for &i in &b.refs[r..r + node.refs as usize] {
+                live.mark(i);
+            }
+            r += node.refs as usize;
+        }
+    }
+
+    pub fn finish(self) -> Vec<Streamed> {
+        self.graphs
+            .into_iter()
+            .map(|(graph, namer, live)| Streamed {
+                graph,
+                names: namer.finish(),
+                live: live.finish(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emit::Style;
+    use crate::ir::{Arg, Op, Program, Target};
+    use crate::names::{self, Reserved};
+    use crate::{liveness, Layout};
+
+    /// Two graphs whose names need every kind of renaming: taken, reserved, keywords,
+    /// builtins, the entry function, the layout prefix, non-identifiers, empty, repeats (also of
+    /// an earlier rename's result); values used far ahead and by the output.
+    fn awkward() -> Program {
+        let mut p = Program::default();
+        let odd = [
+            "x",
+            "torch",
+            "del",
+            "sum",
+            "execution_fn",
+            "__fx_s0",
+            "__vllm_a",
+            "a-b",
+            "1st",
+            "",
+            "é",
+            "x",
+            "torch_1",
+            "v",
+            "v",
+            "x_1",
+            "operator",
+            "None",
+            "match",
+            "ok",
+        ];
+        for _ in 0..2 {
+            let g = p.add_graph();
+            let x = p.add_placeholder(g, "x", None);
+            let mut prev = x;
+            let mut nodes = vec![x];
+            for (k, name) in odd.iter().cycle().take(300).enumerate() {
+                let far = nodes[k * 7 % nodes.len()];
+                let l = p.list(&[Arg::Node(far), Arg::Int(k as i64)]);
+                let kw = [("to", Arg::Node(prev))];
+                let t = Target::Name(p.push_str("operator.add"));
+                prev = p.add_node(g, Op::CallFunction, name, t, &[Arg::Node(prev), l], &kw);
+                nodes.push(prev);
+            }
+            p.add_output(g, Arg::Node(prev));
+        }
+        p
+    }
+
+    /// The batches the reader would hand over: graphs interleaved, of varying sizes.
+    fn batches(p: &Program) -> Vec<Batch> {
+        let mut out = Vec::new();
+        let mut at = vec![0usize; p.graphs.len()];
+        let mut step = 1;
+        while at.iter().zip(&p.graphs).any(|(&a, g)| a < g.nodes.len()) {
+            for (gi, g) in p.graphs.iter().enumerate() {
+                let mut b = Batch::default();
+                b.reset(gi as u32, g.nodes.len());
+                for node in g.nodes.iter().skip(at[gi]).take(step) {
+                    b.text.push_str(p.str(node.name));
+                    let mut refs = Vec::new();
+                    p.for_each_ref(node.args, &mut |i| refs.push(i));
+                    p.for_each_ref(node.kwargs, &mut |i| refs.push(i));
+                    b.push(node.name, node.op == Op::Output, &refs);
+                    at[gi] += 1;
+                }
+                if !b.nodes.is_empty() {
+                    out.push(b);
+                }
+            }
+            step = step % 97 + 13;
+        }
+        out
+    }
+
+    #[test]
+    fn streamed_names_and_last_uses_equal_the_computed_ones() {
+        let p = awkward();
+        p.validate().expect("valid");
+        for style in [Style::Native, Style::Vllm] {
+            let layout = Layout {
+                style,
+                ..Layout::native()
+            };
+            let reserved = Reserved {
+                prefix: style.prefix(),
+                fn_name: layout.fn_name,
+            };
+            let mut s = Streams::new(style.prefix(), layout.fn_name);
+            for b in batches(&p) {
+                s.take(&b);
+            }
+            let streamed = s.finish();
+            assert_eq!(streamed.len(), p.graphs.len());
+            for st in streamed {
+                let g = &p.graphs[st.graph as usize];
+                let want = names::assign(&p, g, &reserved);
+                let got = st.names.over(&p.text);
+                let all = |n: &names::Names| -> Vec<String> {
+                    (0..g.nodes.len() as u32)
+                        .map(|i| n.get(i).to_string())
+                        .collect()
+                };
+                assert_eq!(all(&got), all(&want));
+                assert!(
+                    all(&got).contains(&"torch_1_1".to_string()),
+                    "renames happened"
+                );
+                assert_eq!(st.live, liveness::compute(&p, g));
+            }
+        }
+    }
+}
