@@ -397,7 +397,8 @@ impl<'py> Extractor<'py> {
         for gi in 0..self.prog.graphs.len() as u32 {
             self.prog.check_shapes(gi)?;
         }
-        if let Some(h) = self.helper.take() {
+        // The helper lives on (handing scratch memory back) until the extractor is dropped.
+        if let Some(h) = &mut self.helper {
             self.streamed = h.finish();
         }
         debug_assert!(self.prog.validate().is_ok());

@@ -32,10 +32,12 @@ enum Job {
 /// The helper thread; joined on drop.
 pub struct Helper {
     tx: Option<Sender<Job>>,
-    thread: Option<JoinHandle<Vec<Streamed>>>,
+    thread: Option<JoinHandle<()>>,
     off: Arc<AtomicBool>,
     /// Batches handed back, empty.
     spare: Receiver<Batch>,
+    /// The streams' results, once every batch is in.
+    done: Receiver<Vec<Streamed>>,
     streams: bool,
 }
 
@@ -45,6 +47,7 @@ impl Helper {
     pub fn start(streams: Option<Streams>) -> Option<Helper> {
         let (tx, rx) = channel::<Job>();
         let (back, spare) = channel::<Batch>();
+        let (results, done) = channel::<Vec<Streamed>>();
         let off = Arc::new(AtomicBool::new(false));
         let flag = off.clone();
         let has_streams = streams.is_some();
@@ -68,7 +71,11 @@ impl Helper {
                         }
                     }
                 }
-                streams.map(Streams::finish).unwrap_or_default()
+                if let Some(mut s) = streams {
+                    // The results go first; the scratch is handed back while they are used.
+                    let _ = results.send(s.finish());
+                    s.discard();
+                }
             })
             .ok()?;
         Some(Helper {
@@ -76,6 +83,7 @@ impl Helper {
             thread: Some(thread),
             off,
             spare,
+            done,
             streams: has_streams,
         })
     }
@@ -116,14 +124,17 @@ impl Helper {
         }
     }
 
-    /// Waits for the helper to finish: the names and last uses of every graph streamed, or
-    /// none if the thread failed (whose work the emitter then does itself).
-    pub fn finish(mut self) -> Vec<Streamed> {
+    /// Ends the helper's work: the names and last uses of every graph streamed, or none if the
+    /// thread failed (whose work the emitter then does itself). The thread may still be
+    /// handing scratch memory back; it is joined on drop.
+    pub fn finish(&mut self) -> Vec<Streamed> {
         drop(self.tx.take());
-        self.thread
-            .take()
-            .and_then(|t| t.join().ok())
-            .unwrap_or_default()
+        let streamed = self.done.recv().unwrap_or_default();
+        // Every batch has come back by now.
+        while let Ok(b) = self.spare.try_recv() {
+            b.discard();
+        }
+        streamed
     }
 }
 
@@ -174,12 +185,11 @@ impl Ahead {
     }
 }
 
-/// Populates the whole pages inside `start..end`; false where the kernel does not support it.
 #[cfg(target_os = "linux")]
-fn populate(start: usize, end: usize) -> bool {
+fn page_size() -> usize {
     use std::sync::OnceLock;
     static PAGE: OnceLock<usize> = OnceLock::new();
-    let page = *PAGE.get_or_init(|| {
+    *PAGE.get_or_init(|| {
         // SAFETY: sysconf has no preconditions.
         let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         if p > 0 {
@@ -187,9 +197,13 @@ fn populate(start: usize, end: usize) -> bool {
         } else {
             4096
         }
-    });
-    let start = start.next_multiple_of(page);
-    let end = end - end % page;
+    })
+}
+
+/// Populates the whole pages inside `start..end`; false where the kernel does not support it.
+#[cfg(target_os = "linux")]
+fn populate(start: usize, end: usize) -> bool {
+    let (start, end) = page_interior(start, end.saturating_sub(start));
     if start >= end {
         return true;
     }
@@ -211,9 +225,56 @@ fn populate(_start: usize, _end: usize) -> bool {
     false
 }
 
+/// Frees a large scratch buffer and hands its whole pages back to the system first. A helper
+/// thread's allocations come from an allocator arena of their own, whose freed memory would
+/// stay resident through the rest of the call (and count towards its peak).
+pub fn discard<T>(v: Vec<T>) {
+    #[cfg(target_os = "linux")]
+    {
+        let (start, end) = page_interior(v.as_ptr() as usize, v.capacity() * size_of::<T>());
+        if end - start >= 16 << 10 {
+            // SAFETY: the range lies inside the buffer's allocation (whole pages, so never the
+            // allocator's own bookkeeping around it), whose contents are not read again.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        }
+    }
+    drop(v);
+}
+
+/// The whole pages inside `len` bytes at `start`, as an address range (empty, anywhere, if
+/// there are none).
+#[cfg(target_os = "linux")]
+fn page_interior(start: usize, len: usize) -> (usize, usize) {
+    let page = page_size();
+    let (s, e) = (start.next_multiple_of(page), (start + len) / page * page);
+    (s, e.max(s))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn discarded_pages_are_whole_pages_inside_the_buffer() {
+        let page = page_size();
+        for (start, len) in [
+            (page * 3 + 8, page * 5),
+            (page * 4, page * 2),
+            (17, 100),
+            (0, 0),
+        ] {
+            let (s, e) = page_interior(start, len);
+            assert!(s <= e && (s == e || (s >= start && e <= start + len)));
+            assert!(s % page == 0 && e % page == 0);
+            assert!(e - s + 2 * page > len, "no whole page left out");
+        }
+        // Buffers of any size, including ones of less than a page, are freed normally.
+        for n in [0usize, 10, 4096, 1 << 20] {
+            let v: Vec<u64> = (0..n as u64).collect();
+            discard(v);
+        }
+    }
 
     #[test]
     fn ahead_requests_stay_within_capacity_and_restart_on_a_moved_buffer() {

@@ -3,6 +3,7 @@
 //! A value is released right after the statement that uses it last; a value nothing uses is
 //! released right after it is made; a value the output returns is never released.
 
+use crate::helper::discard;
 use crate::ir::{Graph, Op, Program};
 
 /// `list[start[j]..start[j + 1]]` are the nodes to `del` after node `j`, in node order;
@@ -78,16 +79,12 @@ impl Builder {
         }
     }
 
-    pub fn finish(self) -> Liveness {
-        let Builder {
-            mut last,
-            uses,
-            outputs,
-            ..
-        } = self;
+    /// The last uses. What remains in the builder is scratch: [`Builder::discard`] it.
+    pub fn finish(&mut self) -> Liveness {
+        let last = &mut self.last;
         let n = last.len();
         // An output node nothing uses is not released either.
-        for &o in &outputs {
+        for &o in &self.outputs {
             if last[o as usize] == NEVER {
                 last[o as usize] = RETURNED;
             }
@@ -99,6 +96,8 @@ impl Builder {
                 l => Some(l as usize),
             }
         };
+        // Bucket by position: count into start[at + 1], sum up, then place using start[at] as
+        // the cursor (which leaves start[at] at the next bucket's start), and shift back.
         let mut start = vec![0u32; n + 1];
         for i in 0..n {
             if let Some(at) = pos(i) {
@@ -108,14 +107,23 @@ impl Builder {
         for j in 0..n {
             start[j + 1] += start[j];
         }
-        let mut fill = start.clone();
         let mut list = vec![0u32; start[n] as usize];
         for i in 0..n {
             if let Some(at) = pos(i) {
-                list[fill[at] as usize] = i as u32;
-                fill[at] += 1;
+                list[start[at] as usize] = i as u32;
+                start[at] += 1;
             }
         }
+        for j in (1..=n).rev() {
+            start[j] = start[j - 1];
+        }
+        start[0] = 0;
+        let uses = std::mem::take(&mut self.uses);
         Liveness { start, list, uses }
+    }
+
+    /// Drops the scratch, handing its pages back to the system first.
+    pub fn discard(self) {
+        discard(self.last);
     }
 }

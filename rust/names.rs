@@ -1,6 +1,7 @@
 //! Identifier allocation: every generated name is a valid identifier, unique in its function,
 //! and never shadows a keyword, a builtin, `torch`, `operator` or a layout name.
 
+use crate::helper::discard;
 use crate::ir::{Graph, Program};
 use crate::table::Table;
 
@@ -664,18 +665,27 @@ impl Namer {
         self.a.add(&self.text, h, name, local, &reserved);
     }
 
-    /// The names, with kept ones moved from the copies to the program text.
-    pub fn finish(self) -> NameParts {
-        let mut spans = self.a.spans;
+    /// The names, with kept ones moved from the copies to the program text. What remains in
+    /// the namer is scratch: [`Namer::discard`] it.
+    pub fn finish(&mut self) -> NameParts {
+        let mut spans = std::mem::take(&mut self.a.spans);
         for (span, &at) in spans.iter_mut().zip(&self.at) {
             if span.1 & EXTRA == 0 {
                 span.0 = at;
             }
         }
         NameParts {
-            extra: self.a.extra,
+            extra: std::mem::take(&mut self.a.extra),
             spans,
         }
+    }
+
+    /// Drops the copies and the uniqueness table, handing their pages back to the system
+    /// first.
+    pub fn discard(self) {
+        discard(self.text.into_bytes());
+        discard(self.at);
+        self.a.used.discard();
     }
 }
 

@@ -4,6 +4,7 @@
 //! [`crate::liveness::compute`] look at. Their results are the same as if computed after the
 //! read; the emitter then only writes statements.
 
+use crate::helper::discard;
 use crate::ir::Span;
 use crate::liveness::{Builder, Liveness};
 use crate::names::{NameParts, Namer};
@@ -42,6 +43,13 @@ impl Batch {
         self.text.clear();
         self.nodes.clear();
         self.refs.clear();
+    }
+
+    /// Drops the batch, handing its buffers' pages back to the system first.
+    pub fn discard(self) {
+        discard(self.text.into_bytes());
+        discard(self.nodes);
+        discard(self.refs);
     }
 
     /// Adds a node whose name, at `at` in the program text, was copied to [`Batch::text`] first.
@@ -105,15 +113,24 @@ impl Streams {
         }
     }
 
-    pub fn finish(self) -> Vec<Streamed> {
-        self.graphs
-            .into_iter()
+    /// Every graph's names and last uses; what remains is scratch: [`Streams::discard`] it.
+    pub fn finish(&mut self) -> Vec<Streamed> {
+        let graphs = self.graphs.iter_mut();
+        graphs
             .map(|(graph, namer, live)| Streamed {
-                graph,
+                graph: *graph,
                 names: namer.finish(),
                 live: live.finish(),
             })
             .collect()
+    }
+
+    /// Drops the scratch, handing its pages back to the system first.
+    pub fn discard(self) {
+        for (_, namer, live) in self.graphs {
+            namer.discard();
+            live.discard();
+        }
     }
 }
 

@@ -47,6 +47,11 @@ pub struct Table<K: Key = u64> {
 }
 
 impl<K: Key> Table<K> {
+    /// Drops the table, handing its pages back to the system first ([`crate::helper::discard`]).
+    pub fn discard(self) {
+        crate::helper::discard(self.slots);
+    }
+
     /// A table for `n` keys without regrowing (at most 3/4 full). The slot count is not rounded
     /// to a power of two (which would double the memory of an unlucky size, such as 100k).
     pub fn with_capacity(n: usize) -> Self {
