@@ -389,7 +389,7 @@ impl<'py> Extractor<'py> {
 
     /// Extracts `gm` as the root graph and every plain GraphModule child it calls.
     pub fn run(&mut self, gm: &Bound<'py, PyAny>) -> PyResult<()> {
-        // An error drops (joins) the helper.
+        // After an error the helper is joined when the extractor is dropped.
         self.graph(gm, "", 0)?;
         self.prog.n_consts = self.pool.objects.len() as u32;
         // Arguments are valid by construction (earlier nodes of the same graph, slots of this

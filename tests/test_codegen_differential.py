@@ -308,11 +308,19 @@ def test_large_graph_emitted_by_two_threads_matches_fx_and_one_thread() -> None:
         gen.code, opaque_callables(gm, gen.submod_names, bare=False), gen.submod_names, gen.consts
     )
     assert_same(fn(*xs), want)
+    one = one_thread_code_hash(
+        f"fxcodegen.generate(T.random_split_gm({seed}, True, steps={steps})[0]).code"
+    )
+    assert one == hashlib.sha256(gen.code.encode()).hexdigest()
+
+
+def one_thread_code_hash(code_expr: str) -> str:
+    """The sha256 of the code that ``code_expr`` evaluates to in a fresh process with
+    ``FXCODEGEN_THREADS=1`` (``T`` is this module, ``vllm`` the compat surface)."""
     script = (
         "import hashlib, sys; sys.path.insert(0, sys.argv[1]);"
-        "import fxcodegen, test_codegen_differential as T;"
-        f"gm, _ = T.random_split_gm({seed}, True, steps={steps});"
-        "print(hashlib.sha256(fxcodegen.generate(gm).code.encode()).hexdigest())"
+        "import fxcodegen, test_codegen_differential as T; from fxcodegen.compat import vllm;"
+        f"print(hashlib.sha256(({code_expr}).encode()).hexdigest())"
     )
     env = {**os.environ, "FXCODEGEN_THREADS": "1"}
     one = subprocess.run(
@@ -322,7 +330,7 @@ def test_large_graph_emitted_by_two_threads_matches_fx_and_one_thread() -> None:
         text=True,
         check=True,
     )
-    assert one.stdout.strip() == hashlib.sha256(gen.code.encode()).hexdigest()
+    return one.stdout.strip()
 
 
 AWKWARD_NAMES = ["torch", "del", "sum", "execution_fn", "__fx_s0", "a-b", "1st", "x", "torch_1"]
@@ -360,20 +368,9 @@ def test_large_graph_names_worked_out_while_reading_match_one_thread(surface: st
     assert "torch_1_1 = " in code  # a rename of a rename
     assert ("v__fx_s0 = " in code) == (surface == "native")  # only native reserves __fx_
     assert_same(fn(x), fx.Interpreter(gm).run(x))
-    script = (
-        "import hashlib, sys; sys.path.insert(0, sys.argv[1]);"
-        "import fxcodegen, test_codegen_differential as T; from fxcodegen.compat import vllm;"
-        "gm = T.awkward_large_gm();"
-        f"code = fxcodegen.generate(gm).code if {surface == 'native'} else "
-        "vllm.generate_execution_code(gm)[0];"
-        "print(hashlib.sha256(code.encode()).hexdigest())"
+    one = one_thread_code_hash(
+        "fxcodegen.generate(T.awkward_large_gm()).code"
+        if surface == "native"
+        else "vllm.generate_execution_code(T.awkward_large_gm())[0]"
     )
-    env = {**os.environ, "FXCODEGEN_THREADS": "1"}
-    one = subprocess.run(
-        [sys.executable, "-c", script, str(Path(__file__).parent)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert one.stdout.strip() == hashlib.sha256(code.encode()).hexdigest()
+    assert one == hashlib.sha256(code.encode()).hexdigest()
