@@ -286,10 +286,8 @@ impl<'a> Emitter<'a> {
         let g = &p.graphs[gi as usize];
         let n = g.nodes.len();
         let parallel = self.threads > 1 && n >= PARALLEL_MIN_NODES;
-        let streamed = match self.streamed.iter().position(|s| s.graph == gi) {
-            Some(at) => Some(self.streamed.swap_remove(at)),
-            None => None,
-        };
+        let at = self.streamed.iter().position(|s| s.graph == gi);
+        let streamed = at.map(|at| self.streamed.swap_remove(at));
         let (names, live) = if let Some(s) = streamed {
             (s.names.over(&p.text), s.live)
         } else if parallel {
