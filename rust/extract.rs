@@ -11,7 +11,7 @@ use crate::emit::{default_threads, Layout, PARALLEL_MIN_NODES};
 use crate::error::Error;
 use crate::helper::{Ahead, Helper};
 use crate::ir::{Arg, Graph, Node, Op, Program, Span, Submod, SubmodKind, Target, MAX_DEPTH};
-use crate::names;
+use crate::names::{self, hash_bytes};
 use crate::stream::{Streamed, Streams, BATCH};
 use crate::table::Table;
 
@@ -22,11 +22,16 @@ static GRAPH_MODULE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static DEVICE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static GETITEM: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
-fn hash_bytes(s: &[u8]) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = rustc_hash::FxBuildHasher.build_hasher();
-    h.write(s);
-    h.finish()
+/// The text of a compact ASCII str (nearly every fx name), read in place; None for other
+/// strings.
+///
+/// # Safety
+/// `obj` must be a live str (or subclass), kept alive for the returned lifetime.
+unsafe fn ascii_bytes<'s>(obj: *mut ffi::PyObject) -> Option<&'s [u8]> {
+    (ffi::PyUnicode_IS_COMPACT_ASCII(obj) != 0).then(|| {
+        let data = ffi::PyUnicode_DATA(obj) as *const u8;
+        std::slice::from_raw_parts(data, ffi::PyUnicode_GET_LENGTH(obj) as usize)
+    })
 }
 
 fn type_ptr(obj: &Bound<'_, PyAny>) -> usize {
@@ -319,12 +324,7 @@ impl<'py> Children<'_, 'py> {
         }
         // An exact str key equals `key` exactly when their texts are equal.
         let same = k == key
-            || (ffi::PyUnicode_CheckExact(k) != 0
-                && ffi::PyUnicode_IS_COMPACT_ASCII(k) != 0
-                && std::slice::from_raw_parts(
-                    ffi::PyUnicode_DATA(k) as *const u8,
-                    ffi::PyUnicode_GET_LENGTH(k) as usize,
-                ) == text.as_bytes());
+            || (ffi::PyUnicode_CheckExact(k) != 0 && ascii_bytes(k) == Some(text.as_bytes()));
         if !same {
             return None;
         }
@@ -548,15 +548,10 @@ impl<'py> Extractor<'py> {
                 && read_slot(next, sl.fields[F_OP]) as usize == self.t.call_module
             {
                 let t = read_slot(next, sl.fields[F_TARGET]);
-                if !t.is_null()
-                    && ffi::PyUnicode_CheckExact(t) != 0
-                    && ffi::PyUnicode_IS_COMPACT_ASCII(t) != 0
-                {
-                    let text = std::slice::from_raw_parts(
-                        ffi::PyUnicode_DATA(t) as *const u8,
-                        ffi::PyUnicode_GET_LENGTH(t) as usize,
-                    );
-                    self.submods.prefetch(hash_bytes(text));
+                if !t.is_null() && ffi::PyUnicode_CheckExact(t) != 0 {
+                    if let Some(text) = ascii_bytes(t) {
+                        self.submods.prefetch(hash_bytes(text));
+                    }
                 }
             }
             for _ in 0..AHEAD {
@@ -611,12 +606,8 @@ impl<'py> Extractor<'py> {
         if ffi::PyUnicode_Check(obj) == 0 {
             return Err(Error::Invalid("not a str".into()).into());
         }
-        if ffi::PyUnicode_IS_COMPACT_ASCII(obj) != 0 {
-            let data = ffi::PyUnicode_DATA(obj) as *const u8;
-            let len = ffi::PyUnicode_GET_LENGTH(obj) as usize;
-            return Ok(std::str::from_utf8_unchecked(std::slice::from_raw_parts(
-                data, len,
-            )));
+        if let Some(text) = ascii_bytes(obj) {
+            return Ok(std::str::from_utf8_unchecked(text));
         }
         // Other strings: CPython's cached UTF-8 form (fails for lone surrogates).
         let mut len: ffi::Py_ssize_t = 0;

@@ -507,7 +507,8 @@ fn span_text<'s>(base: &'s str, extra: &'s str, (s, l): (u32, u32)) -> &'s str {
     unsafe { text.get_unchecked(s as usize..(s + l) as usize) }
 }
 
-fn hash_bytes(b: &[u8]) -> u64 {
+/// The hash every name table of the crate uses.
+pub(crate) fn hash_bytes(b: &[u8]) -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = rustc_hash::FxBuildHasher.build_hasher();
     h.write(b);
