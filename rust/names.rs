@@ -461,13 +461,11 @@ impl Reserved<'_> {
 }
 
 /// Identifiers of one function's nodes. Most are the node's own name, pointed to in the
-/// program's text; renamed ones live in [`Names::extra`].
+/// program's text; renamed ones live in [`NameParts::extra`].
 #[derive(Debug, Default)]
 pub struct Names<'a> {
     base: &'a str,
-    extra: String,
-    /// `(start, len)` of node `i`'s identifier; `len & EXTRA` marks one in `extra`.
-    spans: Vec<(u32, u32)>,
+    parts: NameParts,
 }
 
 const EXTRA: u32 = 1 << 31;
@@ -475,11 +473,46 @@ const EXTRA: u32 = 1 << 31;
 impl<'a> Names<'a> {
     /// Names given in full (loose values of vLLM's `_node_ref`), node `i` named `list[i]`.
     pub fn from_list<S: AsRef<str>>(list: &[S]) -> Names<'static> {
-        let mut out = Names::default();
+        let mut parts = NameParts::default();
         for s in list {
-            out.push_extra(s.as_ref());
+            parts.push_extra(s.as_ref());
         }
-        out
+        parts.over("")
+    }
+
+    #[inline]
+    pub fn get(&self, i: u32) -> &str {
+        self.parts.get(self.base, i)
+    }
+}
+
+/// [`Names`] without the text most of them point into: what [`Namer::finish`] returns.
+#[derive(Debug, Default)]
+pub struct NameParts {
+    /// Identifiers that are not a node's own name.
+    extra: String,
+    /// `(start, len)` of node `i`'s identifier; `len & EXTRA` marks one in `extra`.
+    spans: Vec<(u32, u32)>,
+}
+
+impl NameParts {
+    /// The names, over `base`: the program text the spans were taken from.
+    pub fn over(self, base: &str) -> Names<'_> {
+        Names { base, parts: self }
+    }
+
+    /// Node `i`'s identifier, its span read over `base` or, marked [`EXTRA`], over `extra`.
+    #[inline]
+    fn get<'s>(&'s self, base: &'s str, i: u32) -> &'s str {
+        let (s, l) = self.spans[i as usize];
+        let (text, l) = match l & EXTRA {
+            0 => (base, l),
+            _ => (self.extra.as_str(), l & !EXTRA),
+        };
+        // SAFETY: every span covers a whole `&str` inside `base` (a node name that
+        // `Program::str` returned checked, or its copy, kept only when shorter than `EXTRA`)
+        // or `extra`, so it is in bounds and on char boundaries.
+        unsafe { text.get_unchecked(s as usize..(s + l) as usize) }
     }
 
     fn push_extra(&mut self, s: &str) {
@@ -487,24 +520,6 @@ impl<'a> Names<'a> {
         self.extra.push_str(s);
         self.spans.push((start, s.len() as u32 | EXTRA));
     }
-
-    #[inline]
-    pub fn get(&self, i: u32) -> &str {
-        span_text(self.base, &self.extra, self.spans[i as usize])
-    }
-}
-
-/// The text of a name span over `base` or, marked [`EXTRA`], over `extra`.
-#[inline]
-fn span_text<'s>(base: &'s str, extra: &'s str, (s, l): (u32, u32)) -> &'s str {
-    let (text, l) = match l & EXTRA {
-        0 => (base, l),
-        _ => (extra, l & !EXTRA),
-    };
-    // SAFETY: every span covers a whole `&str` inside `base` (a node name that
-    // `Program::str` returned checked, or its copy, kept only when shorter than `EXTRA`) or
-    // `extra`, so it is in bounds and on char boundaries.
-    unsafe { text.get_unchecked(s as usize..(s + l) as usize) }
 }
 
 /// The hash every name table of the crate uses.
@@ -515,11 +530,10 @@ pub(crate) fn hash_bytes(b: &[u8]) -> u64 {
     h.finish()
 }
 
-/// The identifiers chosen so far for one function, in node order: the parts of a [`Names`]
-/// without its base, which each call passes.
+/// The identifiers chosen so far for one function, in node order, without the text they point
+/// into, which each call passes.
 struct Assigner {
-    extra: String,
-    spans: Vec<(u32, u32)>,
+    parts: NameParts,
     /// Name hash -> indices of the chosen names with that hash.
     used: Table<u32>,
     scratch: String,
@@ -528,8 +542,10 @@ struct Assigner {
 impl Assigner {
     fn new(n: usize) -> Self {
         Assigner {
-            extra: String::new(),
-            spans: Vec::with_capacity(n),
+            parts: NameParts {
+                extra: String::new(),
+                spans: Vec::with_capacity(n),
+            },
             used: Table::with_capacity(n),
             scratch: String::new(),
         }
@@ -537,27 +553,22 @@ impl Assigner {
 
     /// Whether `s` (hash `h`) is taken; if not, records it as node `idx`'s name.
     fn claim(&mut self, base: &str, h: u64, s: &str, idx: u32) -> bool {
-        let (extra, spans) = (&self.extra, &self.spans);
-        let taken = |i: u32| span_text(base, extra, spans[i as usize]) == s;
-        self.used.claim(h, idx, taken).is_some()
-    }
-
-    fn push_extra(&mut self, s: &str) {
-        let start = self.extra.len() as u32;
-        self.extra.push_str(s);
-        self.spans.push((start, s.len() as u32 | EXTRA));
+        let parts = &self.parts;
+        self.used
+            .claim(h, idx, |i| parts.get(base, i) == s)
+            .is_some()
     }
 
     /// Names the next node, whose own name `raw` (hash `h`) is `base[at..at + raw.len()]`: that
     /// name when it is allowed and free, else a sanitized form with the first free `_N` suffix.
     fn add(&mut self, base: &str, h: u64, raw: &str, at: u32, reserved: &Reserved) {
-        let idx = self.spans.len() as u32;
+        let idx = self.parts.spans.len() as u32;
         if is_identifier(raw.as_bytes())
             && raw.len() < EXTRA as usize
             && !reserved.is_reserved_h(h, raw)
             && !self.claim(base, h, raw, idx)
         {
-            self.spans.push((at, raw.len() as u32));
+            self.parts.spans.push((at, raw.len() as u32));
             return;
         }
         let mut scratch = std::mem::take(&mut self.scratch);
@@ -581,12 +592,13 @@ impl Assigner {
         // The candidate is pushed first so `claim` can compare against it by index.
         loop {
             let h = hash_bytes(scratch.as_bytes());
-            self.push_extra(&scratch);
+            self.parts.push_extra(&scratch);
             if !reserved.is_reserved_h(h, &scratch) && !self.claim(base, h, &scratch, idx) {
                 break;
             }
-            self.spans.pop();
-            self.extra.truncate(self.extra.len() - scratch.len());
+            self.parts.spans.pop();
+            let extra = &mut self.parts.extra;
+            extra.truncate(extra.len() - scratch.len());
             k += 1;
             scratch.truncate(base_len);
             scratch.push('_');
@@ -614,11 +626,7 @@ pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
         a.used.prefetch(ahead[idx % AHEAD]);
         a.add(&p.text, h, p.str(node.name), node.name.start, reserved);
     }
-    NameParts {
-        extra: a.extra,
-        spans: a.spans,
-    }
-    .over(&p.text)
+    a.parts.over(&p.text)
 }
 
 /// [`assign`] for nodes handed over one at a time while the graph is still being read, from
@@ -630,55 +638,37 @@ pub struct Namer {
     a: Assigner,
     /// Per node, where its name starts in the program text.
     at: Vec<u32>,
-    prefix: &'static str,
-    fn_name: String,
-}
-
-/// What [`Namer::finish`] returns: the parts of a [`Names`] over the program text.
-#[derive(Debug)]
-pub struct NameParts {
-    extra: String,
-    spans: Vec<(u32, u32)>,
 }
 
 impl Namer {
     /// A namer for a function of about `n` nodes.
-    pub fn new(prefix: &'static str, fn_name: &str, n: usize) -> Namer {
+    pub fn new(n: usize) -> Namer {
         Namer {
             text: String::with_capacity(n * 16),
             a: Assigner::new(n),
             at: Vec::with_capacity(n),
-            prefix,
-            fn_name: fn_name.to_string(),
         }
     }
 
     /// Names the next node, whose name is `name`, found at `at` in the program text.
-    pub fn add(&mut self, name: &str, at: u32) {
+    pub fn add(&mut self, name: &str, at: u32, reserved: &Reserved) {
         let local = self.text.len() as u32;
         self.text.push_str(name);
         self.at.push(at);
-        let reserved = Reserved {
-            prefix: self.prefix,
-            fn_name: &self.fn_name,
-        };
         let h = hash_bytes(name.as_bytes());
-        self.a.add(&self.text, h, name, local, &reserved);
+        self.a.add(&self.text, h, name, local, reserved);
     }
 
     /// The names, with kept ones moved from the copies to the program text. What remains in
     /// the namer is scratch: [`Namer::discard`] it.
     pub fn finish(&mut self) -> NameParts {
-        let mut spans = std::mem::take(&mut self.a.spans);
-        for (span, &at) in spans.iter_mut().zip(&self.at) {
+        let mut parts = std::mem::take(&mut self.a.parts);
+        for (span, &at) in parts.spans.iter_mut().zip(&self.at) {
             if span.1 & EXTRA == 0 {
                 span.0 = at;
             }
         }
-        NameParts {
-            extra: std::mem::take(&mut self.a.extra),
-            spans,
-        }
+        parts
     }
 
     /// Drops the copies and the uniqueness table, handing their pages back to the system
@@ -687,17 +677,6 @@ impl Namer {
         discard(self.text.into_bytes());
         discard(self.at);
         self.a.used.discard();
-    }
-}
-
-impl NameParts {
-    /// The names, over `base`: the program text the spans were taken from.
-    pub fn over(self, base: &str) -> Names<'_> {
-        Names {
-            base,
-            extra: self.extra,
-            spans: self.spans,
-        }
     }
 }
 

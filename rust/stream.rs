@@ -7,7 +7,7 @@
 use crate::helper::discard;
 use crate::ir::Span;
 use crate::liveness::{Builder, Liveness};
-use crate::names::{NameParts, Namer};
+use crate::names::{NameParts, Namer, Reserved};
 
 /// How many nodes go to the helper at a time.
 pub const BATCH: usize = 4096;
@@ -93,17 +93,21 @@ impl Streams {
             Some(at) => at,
             None => {
                 let n = b.size as usize;
-                let namer = Namer::new(self.prefix, &self.fn_name, n);
+                let namer = Namer::new(n);
                 self.graphs
                     .push((b.graph, namer, Builder::with_capacity(n)));
                 self.graphs.len() - 1
             }
         };
         let (_, namer, live) = &mut self.graphs[at];
+        let reserved = Reserved {
+            prefix: self.prefix,
+            fn_name: &self.fn_name,
+        };
         let (mut t, mut r) = (0, 0);
         for node in &b.nodes {
             let len = node.name.len as usize;
-            namer.add(&b.text[t..t + len], node.name.start);
+            namer.add(&b.text[t..t + len], node.name.start, &reserved);
             t += len;
             live.push(node.output);
             for &i in &b.refs[r..r + node.refs as usize] {
