@@ -551,10 +551,7 @@ impl<'a> Emitter<'a> {
         // graph order, so a callee taking `**kwargs` sees the traced order either way.
         let mut all_plain = true;
         for (k, pair) in kw.chunks_exact(2).enumerate() {
-            let id = match pair[0] {
-                Arg::Str(key) => self.key_ident(key, callee),
-                _ => None,
-            };
+            let id = self.key_ident(&pair[0], callee);
             if let Some(slot) = idents.get_mut(k) {
                 *slot = id;
             }
@@ -572,10 +569,7 @@ impl<'a> Emitter<'a> {
             }
             let ident = match idents.get(k) {
                 Some(&id) => id,
-                None => match pair[0] {
-                    Arg::Str(key) => self.key_ident(key, callee),
-                    _ => None,
-                },
+                None => self.key_ident(&pair[0], callee),
             };
             match (all_plain, ident) {
                 (true, Some(id)) => {
@@ -599,17 +593,19 @@ impl<'a> Emitter<'a> {
         self.out.push(')');
     }
 
-    /// The identifier keyword `key` is passed under (see [`kw_ident`]). Keys repeat with one
-    /// span per distinct key object, so plain keys are remembered in a small direct-mapped table.
+    /// The identifier keyword `key` is passed under (see [`kw_ident`]); None for a key that is
+    /// not text. Keys repeat with one span per distinct key object, so plain keys are
+    /// remembered in a small direct-mapped table.
     fn key_ident<'s>(
         &mut self,
-        key: Span,
+        key: &Arg,
         callee: Option<&'s [(String, String)]>,
     ) -> Option<&'s str>
     where
         'a: 's,
     {
         let p = self.p;
+        let &Arg::Str(key) = key else { return None };
         if callee.is_some() {
             return kw_ident(p.str(key), callee);
         }
