@@ -249,8 +249,10 @@ fn validation_names_the_node() {
 
 /// A function of about `n` nodes mixing every statement kind the split must keep intact:
 /// fused call/getitem pairs, getitem chains, values used far ahead (their `del` crosses the
-/// middle), floats, keywords, methods and an inlined child called with keywords.
-fn mixed(n: usize) -> Program {
+/// chunk boundaries), floats, keywords, methods and an inlined child called with keywords.
+/// `lead` extra nodes come first (moving the pattern against the chunk boundaries); with
+/// `rename`, one node in the middle is named `input`, a builtin that must be renamed.
+fn mixed(n: usize, lead: usize, rename: bool) -> Program {
     let mut p = Program::default();
     let g = p.add_graph();
     let child = p.add_graph();
@@ -282,9 +284,20 @@ fn mixed(n: usize) -> Program {
         &[],
     );
     let mut prev = first;
+    for i in 0..lead {
+        let args = [Arg::Node(prev)];
+        let name = format!("lead_{i}");
+        prev = p.add_node(g, Op::CallMethod, &name, Target::Method(relu), &args, &[]);
+    }
     let mut k = 0;
+    let mut renamed = !rename;
     while p.graphs[0].nodes.len() < n {
-        let name = |s: &str| format!("{s}_{k}");
+        let middle = !renamed && p.graphs[0].nodes.len() >= n / 2;
+        renamed |= middle;
+        let name = |s: &str| match middle {
+            true => "input".to_string(),
+            false => format!("{s}_{k}"),
+        };
         let item = |p: &mut Program, of: u32, i: i64, nm: &str| {
             let args = [Arg::Node(of), Arg::Int(i)];
             p.add_node(g, Op::CallFunction, nm, Target::Getitem, &args, &[])
@@ -362,15 +375,22 @@ fn mixed(n: usize) -> Program {
 #[test]
 fn two_threads_emit_the_same_source() {
     use crate::emit::{emit_with_threads, PARALLEL_MIN_NODES};
-    // Sizes that put the middle on each node of the eight-node cycle of `mixed`.
-    for extra in 0..24 {
-        let p = mixed(PARALLEL_MIN_NODES + extra);
-        p.validate().expect("valid");
-        for layout in [native(), vllm()] {
-            let one = emit_with_threads(&p, &layout, 1).concat();
-            let two = emit_with_threads(&p, &layout, 2).concat();
-            assert!(one.len() > 100 * PARALLEL_MIN_NODES / 10);
-            assert_eq!(one, two, "size {}", PARALLEL_MIN_NODES + extra);
+    // Leads that put the chunk boundaries on each node of the eight-node cycle of `mixed`,
+    // with every name kept (the statements are started before the names are known) and with
+    // one renamed (that start is thrown away).
+    for lead in 0..12 {
+        for rename in [false, true] {
+            let n = PARALLEL_MIN_NODES + 3 * lead;
+            let p = mixed(n, lead, rename);
+            p.validate().expect("valid");
+            for layout in [native(), vllm()] {
+                let one = emit_with_threads(&p, &layout, 1).concat();
+                let two = emit_with_threads(&p, &layout, 2);
+                assert!(one.len() > 100 * PARALLEL_MIN_NODES / 10);
+                assert_eq!(one.contains("input_"), rename);
+                assert_eq!(one, two.concat(), "lead {lead}, rename {rename}");
+                assert_eq!(one.len(), two.len());
+            }
         }
     }
 }

@@ -156,7 +156,8 @@ mod core_ext {
         let out = write_back(py, &ex.pool, consts, const_index)?;
         // Free the node list before the source is copied into a str (peak memory).
         drop(ex);
-        Ok((source_str(py, &code)?, names, out))
+        let pieces: Vec<&str> = code.pieces().collect();
+        Ok((source_str(py, &pieces)?, names, out))
     }
 
     fn write_back<'py>(

@@ -199,6 +199,10 @@ const DENIED_CALLS: &[&str] = &[
 ];
 
 pub fn is_keyword(s: &str) -> bool {
+    // Most names share no first byte and length with any keyword: one table load rules them out.
+    if !first_len_match(&KEYWORD_FIRST_LEN, s.as_bytes()) {
+        return false;
+    }
     matches!(
         s,
         "False"
@@ -245,10 +249,9 @@ pub fn is_builtin(s: &str) -> bool {
     BUILTINS.binary_search(&s).is_ok()
 }
 
-/// Bit `n` of `FIRST_LEN[c]` is set when a keyword, builtin or module global starts with byte
-/// `c` and is `n` bytes long (all are ASCII and shorter than 32 bytes).
-const FIRST_LEN: [u32; 128] = {
-    let lists = [KEYWORDS, BUILTINS, MODULE_GLOBALS];
+/// Bit `n` of `first_len(lists)[c]` is set when a word of `lists` starts with byte `c` and is
+/// `n` bytes long (all words are ASCII and shorter than 32 bytes).
+const fn first_len(lists: &[&[&str]]) -> [u32; 128] {
     let mut table = [0u32; 128];
     let mut l = 0;
     while l < lists.len() {
@@ -262,15 +265,22 @@ const FIRST_LEN: [u32; 128] = {
         l += 1;
     }
     table
-};
+}
+
+/// Whether some word of the table's lists has the first byte and length of `b`.
+#[inline]
+fn first_len_match(table: &[u32; 128], b: &[u8]) -> bool {
+    matches!(b.first(), Some(&c) if c < 128 && b.len() < 32 && table[c as usize] >> b.len() & 1 != 0)
+}
+
+const KEYWORD_FIRST_LEN: [u32; 128] = first_len(&[KEYWORDS]);
+const FIRST_LEN: [u32; 128] = first_len(&[KEYWORDS, BUILTINS, MODULE_GLOBALS]);
 
 /// Whether `s` (whose [`hash_bytes`] is `h`) is a keyword, builtin or module global: first
 /// byte and length filter, then a set of hashes, then the exact lists confirm.
 fn taken_globally(h: u64, s: &str) -> bool {
-    let b = s.as_bytes();
-    match b.first() {
-        Some(&c) if c < 128 && b.len() < 32 && FIRST_LEN[c as usize] >> b.len() & 1 != 0 => {}
-        _ => return false,
+    if !first_len_match(&FIRST_LEN, s.as_bytes()) {
+        return false;
     }
     static SET: std::sync::OnceLock<rustc_hash::FxHashSet<u64>> = std::sync::OnceLock::new();
     SET.get_or_init(|| {
@@ -478,6 +488,32 @@ impl<'a> Names<'a> {
             parts.push_extra(s.as_ref());
         }
         parts.over("")
+    }
+
+    /// Every node of `g` named by its own name: what [`assign`] returns for a graph none of
+    /// whose names needs changing, and so a guess to use before `assign` has finished (and to
+    /// drop unless its result is [`Names::all_own`]). A name that is not a span of the program
+    /// text is guessed empty.
+    pub fn own(p: &'a Program, g: &Graph) -> Names<'a> {
+        let spans = g
+            .nodes
+            .iter()
+            .map(|node| match p.text.get(node.name.range()) {
+                Some(_) if node.name.len < EXTRA => (node.name.start, node.name.len),
+                _ => (0, 0),
+            })
+            .collect();
+        NameParts {
+            extra: String::new(),
+            spans,
+        }
+        .over(&p.text)
+    }
+
+    /// Whether every node kept its own name (true for a result of [`assign`] exactly when it
+    /// equals [`Names::own`]).
+    pub fn all_own(&self) -> bool {
+        self.parts.extra.is_empty()
     }
 
     #[inline]
