@@ -38,9 +38,13 @@ pub fn put(out: &mut String, s: &str) {
     }
 }
 
-/// Writes an int.
+/// Writes an int (a single digit, the most common, without formatting).
+#[inline]
 pub fn int(out: &mut String, v: i64) {
-    put(out, itoa::Buffer::new().format(v));
+    match u8::try_from(v) {
+        Ok(d @ 0..=9) => out.push(char::from(b'0' + d)),
+        _ => put(out, itoa::Buffer::new().format(v)),
+    }
 }
 
 /// Writes a float exactly as CPython's `repr` does for finite values; infinities and NaN as
@@ -233,6 +237,15 @@ mod tests {
         }
         put(&mut got, "é→x");
         assert!(got.ends_with("é→x"));
+    }
+
+    #[test]
+    fn ints_as_python_writes_them() {
+        for v in [0, 1, 9, 10, 99, 255, 256, -1, -9, -10, i64::MIN, i64::MAX] {
+            let mut s = String::new();
+            int(&mut s, v);
+            assert_eq!(s, v.to_string());
+        }
     }
 
     fn f(v: f64) -> String {
