@@ -109,8 +109,8 @@ pub fn check_layout(p: &Program, layout: &Layout) -> Result<()> {
     Ok(())
 }
 
-/// Functions with at least this many nodes are emitted by two threads (names and liveness
-/// side by side, then the statements in two halves): thread start-up costs about as much as
+/// Functions with at least this many nodes are emitted by two threads (see
+/// `Emitter::speculate` and `Emitter::shared`): thread start-up costs about as much as
 /// emitting a few hundred nodes.
 pub const PARALLEL_MIN_NODES: usize = 4_096;
 
