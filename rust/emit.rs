@@ -237,7 +237,7 @@ fn fuses(p: &Program, style: Style, g: &Graph, live: &Liveness, j: usize) -> boo
 /// Functions with more nodes than this are not [`Emitter::speculate`]d: their tables outgrow
 /// the caches, and two threads then contend for memory more than they gain (measured on
 /// stitching graphs: 10% faster at 300k nodes, 7% at 500k, 22% slower at 1M).
-const SPECULATE_MAX_NODES: usize = 1 << 19;
+pub(crate) const SPECULATE_MAX_NODES: usize = 1 << 19;
 
 /// Two threads share a function's statements in about this many chunks: enough to keep both
 /// busy to the end, few enough that taking one costs nothing...

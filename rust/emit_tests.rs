@@ -373,6 +373,19 @@ fn mixed(n: usize, lead: usize, rename: bool) -> Program {
 }
 
 #[test]
+fn two_threads_emit_the_same_source_past_the_guessing_limit() {
+    use crate::emit::{emit_with_threads, SPECULATE_MAX_NODES};
+    // Above the limit the names and last uses are worked out side by side, then shared.
+    let p = mixed(SPECULATE_MAX_NODES + 1_000, 5, false);
+    p.validate().expect("valid");
+    let layout = native();
+    let one = emit_with_threads(&p, &layout, 1).concat();
+    let two = emit_with_threads(&p, &layout, 2);
+    assert!(one.len() > 10 * SPECULATE_MAX_NODES);
+    assert_eq!(one, two.concat());
+}
+
+#[test]
 fn two_threads_emit_the_same_source() {
     use crate::emit::{emit_with_threads, PARALLEL_MIN_NODES};
     // Leads that put the chunk boundaries on each node of the eight-node cycle of `mixed`,
