@@ -373,16 +373,24 @@ fn mixed(n: usize, lead: usize, rename: bool) -> Program {
 }
 
 #[test]
-fn two_threads_emit_the_same_source_past_the_guessing_limit() {
+fn two_threads_emit_the_same_source_on_large_functions() {
     use crate::emit::{emit_with_threads, SPECULATE_MAX_NODES};
-    // Above the limit the names and last uses are worked out side by side, then shared.
-    let p = mixed(SPECULATE_MAX_NODES + 1_000, 5, false);
-    p.validate().expect("valid");
-    let layout = native();
-    let one = emit_with_threads(&p, &layout, 1).concat();
-    let two = emit_with_threads(&p, &layout, 2);
-    assert!(one.len() > 10 * SPECULATE_MAX_NODES);
-    assert_eq!(one, two.concat());
+    // Large enough that both threads take chunks of the statements: with the guessed names
+    // (kept or dropped), and past the guessing limit, where the names and last uses are
+    // worked out side by side first.
+    for (n, rename) in [
+        (100_000, false),
+        (100_000, true),
+        (SPECULATE_MAX_NODES + 1_000, false),
+    ] {
+        let p = mixed(n, 5, rename);
+        p.validate().expect("valid");
+        let layout = native();
+        let one = emit_with_threads(&p, &layout, 1).concat();
+        let two = emit_with_threads(&p, &layout, 2);
+        assert!(one.len() > 10 * n);
+        assert_eq!(one, two.concat(), "{n} nodes, rename {rename}");
+    }
 }
 
 #[test]
