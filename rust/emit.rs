@@ -234,6 +234,22 @@ fn fuses(p: &Program, style: Style, g: &Graph, live: &Liveness, j: usize) -> boo
         })
 }
 
+/// Names and last uses of `g`, worked out side by side by this thread and one more.
+fn side_by_side<'p>(p: &'p Program, g: &Graph, reserved: &Reserved) -> (Names<'p>, Liveness) {
+    thread::scope(|s| {
+        // A thread that cannot be started means doing its part here.
+        let other = thread::Builder::new()
+            .spawn_scoped(s, || liveness::compute(p, g))
+            .ok();
+        let names = names::assign(p, g, reserved);
+        let live = match other {
+            Some(h) => h.join().unwrap_or_else(|e| panic::resume_unwind(e)),
+            None => liveness::compute(p, g),
+        };
+        (names, live)
+    })
+}
+
 /// Functions with more nodes than this are not [`Emitter::speculate`]d: their tables outgrow
 /// the caches, and two threads then contend for memory more than they gain (measured on
 /// stitching graphs: 10% faster at 300k nodes, 7% at 500k, 22% slower at 1M).
@@ -391,7 +407,10 @@ impl<'a> Emitter<'a> {
         let (names, live, mut written) = match streamed {
             Some(s) => (s.names.over(&p.text), Arc::new(s.live), None),
             None if parallel && n <= SPECULATE_MAX_NODES => self.speculate(g, reserved),
-            None if parallel => self.side_by_side(g, reserved),
+            None if parallel => {
+                let (names, live) = side_by_side(p, g, reserved);
+                (names, Arc::new(live), None)
+            }
             None => (
                 names::assign(p, g, reserved),
                 Arc::new(liveness::compute(p, g)),
@@ -487,27 +506,6 @@ impl<'a> Emitter<'a> {
             let theirs = other.join().unwrap_or_else(|e| panic::resume_unwind(e));
             let chunks = guessed.then(|| self.merge(mine, theirs));
             (names, live, chunks)
-        })
-    }
-
-    /// Names and last uses of `g`, worked out side by side by this thread and one more.
-    fn side_by_side(
-        &mut self,
-        g: &Graph,
-        reserved: &Reserved,
-    ) -> (Names<'a>, Arc<Liveness>, Option<Chunks>) {
-        let p = self.p;
-        thread::scope(|s| {
-            // A thread that cannot be started means doing its part here.
-            let other = thread::Builder::new()
-                .spawn_scoped(s, || liveness::compute(p, g))
-                .ok();
-            let names = names::assign(p, g, reserved);
-            let live = match other {
-                Some(h) => h.join().unwrap_or_else(|e| panic::resume_unwind(e)),
-                None => liveness::compute(p, g),
-            };
-            (names, Arc::new(live), None)
         })
     }
 
