@@ -771,6 +771,18 @@ mod tests {
     }
 
     #[test]
+    fn keywords_and_only_keywords() {
+        for k in KEYWORDS {
+            assert!(is_keyword(k), "{k}");
+        }
+        for s in [
+            "if_", "iff", "Non", "scale", "sizes", "classes", "", "_", "é",
+        ] {
+            assert!(!is_keyword(s), "{s}");
+        }
+    }
+
+    #[test]
     fn identifiers() {
         for s in ["_", "a", "a1", "_9", "Z_z"] {
             assert!(is_identifier(s.as_bytes()), "{s}");
