@@ -15,12 +15,6 @@ use crate::names::{self, hash_bytes};
 use crate::stream::{Streamed, Streams, BATCH};
 use crate::table::Table;
 
-static NODE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-static IMMUTABLE_LIST: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-static IMMUTABLE_DICT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-static GRAPH_MODULE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-static DEVICE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-static GETITEM: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// The text of a compact ASCII str (nearly every fx name), read in place; None for other
 /// strings.
@@ -126,9 +120,10 @@ fn prefetch(p: *const ffi::PyObject) {
     }
 }
 
-struct Types<'py> {
+/// The torch.fx types and objects the reader compares against, loaded once per process.
+struct Types {
     slots: Option<Slots>,
-    /// Pointers of the interned op strings fx uses.
+    /// Pointers of the interned op strings fx uses (held in `_held`).
     ops: [(usize, Op); 6],
     /// The interned `"call_module"`.
     call_module: usize,
@@ -136,39 +131,53 @@ struct Types<'py> {
     ilist: usize,
     idict: usize,
     device: usize,
-    graph_module: Bound<'py, PyType>,
+    graph_module: Py<PyType>,
     getitem: usize,
+    /// Owned references behind every pointer above.
+    _held: Vec<Py<PyAny>>,
 }
 
-impl<'py> Types<'py> {
-    fn load(py: Python<'py>) -> PyResult<Self> {
-        let node_type = NODE.import(py, "torch.fx", "Node")?.clone();
-        let ilist =
-            IMMUTABLE_LIST.import(py, "torch.fx.immutable_collections", "immutable_list")?;
-        let idict =
-            IMMUTABLE_DICT.import(py, "torch.fx.immutable_collections", "immutable_dict")?;
-        let device = DEVICE.import(py, "torch", "device")?;
-        let graph_module = GRAPH_MODULE.import(py, "torch.fx", "GraphModule")?.clone();
-        let getitem = GETITEM
-            .get_or_try_init(py, || -> PyResult<Py<PyAny>> {
-                Ok(py.import("operator")?.getattr("getitem")?.unbind())
-            })?
-            .bind(py);
+static TYPES: PyOnceLock<Types> = PyOnceLock::new();
+
+impl Types {
+    fn get(py: Python<'_>) -> PyResult<&'static Types> {
+        TYPES.get_or_try_init(py, || Types::load(py))
+    }
+
+    fn load(py: Python<'_>) -> PyResult<Types> {
+        let import = |module: &str, name: &str| -> PyResult<Bound<'_, PyAny>> {
+            py.import(module)?.getattr(name)
+        };
+        let node_type = import("torch.fx", "Node")?.cast_into::<PyType>()?;
+        let ilist = import("torch.fx.immutable_collections", "immutable_list")?;
+        let idict = import("torch.fx.immutable_collections", "immutable_dict")?;
+        let device = import("torch", "device")?;
+        let graph_module = import("torch.fx", "GraphModule")?.cast_into::<PyType>()?;
+        let getitem = import("operator", "getitem")?;
+        let mut held = vec![];
         let mut ops = [(0, Op::Output); 6];
         for (slot, (name, op)) in ops.iter_mut().zip(OPS) {
-            *slot = (PyString::intern(py, name).as_ptr() as usize, op);
+            let s = PyString::intern(py, name);
+            *slot = (s.as_ptr() as usize, op);
+            held.push(s.into_any().unbind());
         }
-        Ok(Types {
+        let call_module = ops[1].0;
+        debug_assert_eq!(OPS[1].0, "call_module");
+        let ptr = |o: &Bound<'_, PyAny>| o.as_ptr() as usize;
+        let t = Types {
             slots: Slots::load(py, &node_type),
             ops,
-            call_module: PyString::intern(py, "call_module").as_ptr() as usize,
-            node: node_type.as_ptr() as usize,
-            ilist: ilist.as_ptr() as usize,
-            idict: idict.as_ptr() as usize,
-            device: device.as_ptr() as usize,
-            graph_module,
-            getitem: getitem.as_ptr() as usize,
-        })
+            call_module,
+            node: ptr(&node_type),
+            ilist: ptr(&ilist),
+            idict: ptr(&idict),
+            device: ptr(&device),
+            graph_module: graph_module.clone().unbind(),
+            getitem: ptr(&getitem),
+            _held: vec![],
+        };
+        held.extend([node_type.into_any(), ilist, idict, device, getitem].map(Bound::unbind));
+        Ok(Types { _held: held, ..t })
     }
 }
 
@@ -250,7 +259,7 @@ pub struct Extractor<'py> {
     py: Python<'py>,
     pub prog: Program,
     pub pool: Pool<'py>,
-    t: Types<'py>,
+    t: &'static Types,
     resolver: Bound<'py, PyAny>,
     /// Resolved call_function targets by object (held, so an id is never reused meanwhile).
     targets: FxHashMap<usize, (Target, Bound<'py, PyAny>)>,
@@ -366,7 +375,7 @@ impl<'py> Extractor<'py> {
             py,
             prog: Program::default(),
             pool,
-            t: Types::load(py)?,
+            t: Types::get(py)?,
             resolver,
             targets: FxHashMap::default(),
             submods: Table::with_capacity(0),
@@ -794,7 +803,7 @@ impl<'py> Extractor<'py> {
                 let inline = match self.inline_types.get(&ty) {
                     Some(&b) => b,
                     None => {
-                        let b = child.is_instance(&self.t.graph_module)?;
+                        let b = child.is_instance(self.t.graph_module.bind(self.py))?;
                         self.inline_types.insert(ty, b);
                         b
                     }
