@@ -15,7 +15,6 @@ use crate::names::{self, hash_bytes};
 use crate::stream::{Streamed, Streams, BATCH};
 use crate::table::Table;
 
-
 /// The text of a compact ASCII str (nearly every fx name), read in place; None for other
 /// strings.
 ///
