@@ -184,6 +184,8 @@ impl Types {
 /// for `torch.device` (the immutable torch type that is not a singleton), by value.
 pub struct Pool<'py> {
     pub objects: Vec<Bound<'py, PyAny>>,
+    /// The slot of each pooled object by id, and so only of objects the pool holds: it is
+    /// exported to an external index, where the id of an object held by nobody could be reused.
     by_id: FxHashMap<usize, u32>,
     devices: FxHashMap<isize, Vec<u32>>,
     /// Slots that existed before this pass (an external vLLM-style pool).
@@ -234,7 +236,6 @@ impl<'py> Pool<'py> {
         if let Some(slots) = self.devices.get(&h) {
             for &k in slots {
                 if self.objects[k as usize].eq(obj)? {
-                    self.by_id.insert(id, k);
                     return Ok(k);
                 }
             }

@@ -170,6 +170,23 @@ def test_consts_and_const_index_extended_in_place() -> None:
     assert r[0] == [10] and r[1] is keep and r[2] is dev
 
 
+def test_const_index_names_only_objects_the_pool_holds() -> None:
+    # Equal devices share a slot, but only the pooled object's id may enter the index: the
+    # other's id can be reused once it dies, and a later call would then find a wrong slot.
+    first, second = torch.device("cpu"), torch.device("cpu")
+    assert first is not second
+    consts: list = []
+    const_index: dict = {}
+    g = fx.Graph()
+    g.output((first, second))
+    code, _, out = vllm.generate_execution_code_with_name(
+        raw_gm(g), "execution_fn", True, consts, const_index
+    )
+    assert out == [first] and out[0] is first
+    assert const_index == {id(first): 0}
+    assert code.count("__vllm_consts__[0]") == 2
+
+
 def test_node_ref() -> None:
     g = fx.Graph()
     x = g.placeholder("some_node")
