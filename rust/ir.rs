@@ -372,8 +372,10 @@ impl Program {
     pub fn check_shapes(&self, gi: u32) -> Result<()> {
         let g = &self.graphs[gi as usize];
         let mut seen_default = false;
-        // Call names repeat across nodes: check each distinct text once.
+        // Call names repeat across nodes: check each distinct text once. Readers share one span
+        // per call target, so spans checked lately are recognised without hashing the text.
         let mut good_names: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
+        let mut good_spans = [Span::default(); 16];
         for (j, node) in g.nodes.iter().enumerate() {
             check_span(self, node.name)?;
             let bad = |why: String| self.node_error(node, why);
@@ -411,11 +413,15 @@ impl Program {
                     _ => {}
                 },
                 (Op::CallFunction, Target::Name(s)) => {
-                    check_span(self, s)?;
-                    let text = self.str(s);
-                    if !good_names.contains(text) {
-                        names::check_call_name(text).map_err(bad)?;
-                        good_names.insert(text);
+                    let recent = &mut good_spans[s.start as usize % 16];
+                    if *recent != s || s.len == 0 {
+                        check_span(self, s)?;
+                        let text = self.str(s);
+                        if !good_names.contains(text) {
+                            names::check_call_name(text).map_err(bad)?;
+                            good_names.insert(text);
+                        }
+                        *recent = s;
                     }
                 }
                 (Op::CallFunction, Target::Getitem) => {}
