@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyType};
+use pyo3::types::{PyBytes, PyDict, PyIterator, PyList, PyString, PyType};
 use pyo3::{ffi, intern};
 use rustc_hash::FxHashMap;
 
@@ -132,6 +132,7 @@ struct Types {
     device: usize,
     graph_module: Py<PyType>,
     getitem: usize,
+    walk: Option<Walk>,
     /// Owned references behind every pointer above.
     _held: Vec<Py<PyAny>>,
 }
@@ -173,10 +174,68 @@ impl Types {
             device: ptr(&device),
             graph_module: graph_module.clone().unbind(),
             getitem: ptr(&getitem),
+            walk: Walk::load(py).ok().flatten(),
             _held: vec![],
         };
         held.extend([node_type.into_any(), ilist, idict, device, getitem].map(Bound::unbind));
         Ok(Types { _held: held, ..t })
+    }
+}
+
+/// What `gm.graph.nodes` does in torch.fx, done without its Python-level steps: the `graph`
+/// and `nodes` properties, the `_node_list` object and its `__len__` and `__iter__` are five
+/// Python calls per graph, a good part of the cost of a program of many small graphs. Used
+/// only while the properties are torch.fx's own and a sample graph walks the same way.
+struct Walk {
+    graph_prop: Py<PyAny>,
+    nodes_prop: Py<PyAny>,
+    node_iter: Py<PyAny>,
+}
+
+impl Walk {
+    fn load(py: Python<'_>) -> PyResult<Option<Walk>> {
+        let fx = py.import("torch.fx")?;
+        let walk = Walk {
+            graph_prop: fx.getattr("GraphModule")?.getattr("graph")?.unbind(),
+            nodes_prop: fx.getattr("Graph")?.getattr("nodes")?.unbind(),
+            node_iter: py.import("torch.fx.graph")?.getattr("_NodeIter")?.unbind(),
+        };
+        let g = fx.getattr("Graph")?.call0()?;
+        let x = g.call_method1("placeholder", ("x",))?;
+        g.call_method1("output", (x,))?;
+        let m = fx.getattr("GraphModule")?.call1((PyDict::new(py), &g))?;
+        let expected = m.getattr("graph")?.getattr("nodes")?.try_iter()?;
+        let (n, walked) = walk.nodes(&m)?.unwrap_or((usize::MAX, expected.clone()));
+        let same = walked
+            .zip(expected)
+            .map(|(a, b)| Ok(a?.is(&b?)))
+            .collect::<PyResult<Vec<bool>>>()?;
+        Ok((n == 2 && same == [true, true]).then_some(walk))
+    }
+
+    /// `(len(gm.graph.nodes), iter(gm.graph.nodes))`, or None where `gm` or its graph is of a
+    /// type that replaces those properties.
+    fn nodes<'py>(
+        &self,
+        gm: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<(usize, Bound<'py, PyIterator>)>> {
+        let py = gm.py();
+        // Whether `obj`'s type still takes attribute `name` from fx (`prop`).
+        let fx_own = |obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>, prop: &Py<PyAny>| {
+            obj.get_type().getattr(name).map(|p| p.is(prop))
+        };
+        if !fx_own(gm, intern!(py, "graph"), &self.graph_prop)? {
+            return Ok(None);
+        }
+        let graph = gm.getattr(intern!(py, "_graph"))?;
+        if !fx_own(&graph, intern!(py, "nodes"), &self.nodes_prop)? {
+            return Ok(None);
+        }
+        let n = graph.getattr(intern!(py, "_len"))?.extract::<usize>()?;
+        let root = graph.getattr(intern!(py, "_root"))?;
+        let it = self.node_iter.bind(py).call1((root, false))?;
+        let it = it.cast_into::<PyIterator>()?;
+        Ok(Some((n, it)))
     }
 }
 
@@ -421,7 +480,6 @@ impl<'py> Extractor<'py> {
         }
         let gi = self.prog.graphs.len() as u32;
         self.prog.graphs.push(Graph::default());
-        let graph = gm.getattr(intern!(py, "graph"))?;
         let modules = gm
             .getattr(intern!(py, "_modules"))
             .ok()
@@ -430,8 +488,19 @@ impl<'py> Extractor<'py> {
             dict: modules.as_ref(),
             next: 0.into(),
         };
-        let node_list = graph.getattr(intern!(py, "nodes"))?;
-        let n_nodes = node_list.len().unwrap_or(0);
+        let fast = match &self.t.walk {
+            Some(w) => w.nodes(gm).ok().flatten(),
+            None => None,
+        };
+        let (n_nodes, node_iter) = match fast {
+            Some(found) => found,
+            None => {
+                let list = gm
+                    .getattr(intern!(py, "graph"))?
+                    .getattr(intern!(py, "nodes"))?;
+                (list.len().unwrap_or(0), list.try_iter()?)
+            }
+        };
         let mut index = NodeIndex::with_capacity(n_nodes);
         // Generous: untouched capacity costs address space, not memory; regrowing copies.
         self.prog.args.reserve(n_nodes * 8);
@@ -461,7 +530,7 @@ impl<'py> Extractor<'py> {
         };
         // Owned references for fields read through getattr (nodes that are not exactly `Node`).
         let mut keep: Vec<Bound<'py, PyAny>> = Vec::new();
-        for node in node_list.try_iter()? {
+        for node in node_iter {
             let node = node?;
             self.prefetch_ahead(&node, &index, prefix.is_empty());
             // 64 nodes fill a few KiB of the arenas, far less than a chunk.

@@ -677,6 +677,48 @@ def test_children_found_in_any_call_order(surface: str) -> None:
         generate_surface(gm, surface)
 
 
+class ShownGraphModule(fx.GraphModule):
+    """Shows the graph in `shown` instead of its own, through the `graph` property."""
+
+    shown: fx.Graph
+
+    @property  # type: ignore[override]
+    def graph(self) -> fx.Graph:
+        return getattr(self, "shown", None) or fx.GraphModule.graph.fget(self)
+
+    @graph.setter
+    def graph(self, g: fx.Graph) -> None:
+        fx.GraphModule.graph.fset(self, g)
+
+
+class ReversedGraph(fx.Graph):
+    """Lists its nodes with the first two swapped (placeholders, so still a valid order)."""
+
+    @property  # type: ignore[override]
+    def nodes(self) -> list[fx.Node]:  # type: ignore[override]
+        nodes = list(super().nodes)
+        return [nodes[1], nodes[0], *nodes[2:]]
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_graph_and_nodes_read_through_overridden_properties(surface: str) -> None:
+    # The core reads fx's own node list directly, but only while `graph` and `nodes` are
+    # fx's properties: replaced ones are honoured.
+    own, shown = fx.Graph(), fx.Graph()
+    own.output(own.placeholder("unused"))
+    a, b = shown.placeholder("a"), shown.placeholder("b")
+    shown.output(shown.call_function(operator.sub, (a, b)))
+    gm = ShownGraphModule(torch.nn.Module(), own)
+    gm.shown = shown
+    fn = compile_surface(gm, surface)
+    assert fn(5, 3) == 2
+    g = ReversedGraph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    g.output(g.call_function(operator.sub, (a, b)))
+    fn = compile_surface(raw_gm(g), surface)
+    assert fn(5, 3) == -2
+
+
 @pytest.mark.parametrize("surface", SURFACES)
 def test_call_method_and_kwargs(surface: str) -> None:
     g = fx.Graph()
