@@ -161,24 +161,26 @@ impl Types {
             *slot = (s.as_ptr() as usize, op);
             held.push(s.into_any().unbind());
         }
-        let call_module = ops[1].0;
-        debug_assert_eq!(OPS[1].0, "call_module");
+        let slots = Slots::load(py, &node_type);
+        let node_type = node_type.into_any();
+        held.extend([&node_type, &ilist, &idict, &device, &getitem].map(|o| o.clone().unbind()));
         let ptr = |o: &Bound<'_, PyAny>| o.as_ptr() as usize;
-        let t = Types {
-            slots: Slots::load(py, &node_type),
+        Ok(Types {
+            slots,
+            call_module: ops
+                .iter()
+                .find(|(_, o)| *o == Op::CallModule)
+                .map_or(0, |p| p.0),
             ops,
-            call_module,
             node: ptr(&node_type),
             ilist: ptr(&ilist),
             idict: ptr(&idict),
             device: ptr(&device),
-            graph_module: graph_module.clone().unbind(),
+            graph_module: graph_module.unbind(),
             getitem: ptr(&getitem),
             walk: Walk::load(py).ok().flatten(),
-            _held: vec![],
-        };
-        held.extend([node_type.into_any(), ilist, idict, device, getitem].map(Bound::unbind));
-        Ok(Types { _held: held, ..t })
+            _held: held,
+        })
     }
 }
 
@@ -204,8 +206,10 @@ impl Walk {
         let x = g.call_method1("placeholder", ("x",))?;
         g.call_method1("output", (x,))?;
         let m = fx.getattr("GraphModule")?.call1((PyDict::new(py), &g))?;
+        let Some((n, walked)) = walk.nodes(&m)? else {
+            return Ok(None);
+        };
         let expected = m.getattr("graph")?.getattr("nodes")?.try_iter()?;
-        let (n, walked) = walk.nodes(&m)?.unwrap_or((usize::MAX, expected.clone()));
         let same = walked
             .zip(expected)
             .map(|(a, b)| Ok(a?.is(&b?)))
