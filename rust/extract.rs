@@ -540,16 +540,18 @@ impl<'py> Extractor<'py> {
             // 64 nodes fill a few KiB of the arenas, far less than a chunk.
             if let (Some(pf), 0) = (&self.helper, nodes.len() % 64) {
                 let [a, t, n, s, sn] = &mut ahead;
-                a.track_vec(pf, &self.prog.args);
+                let read = (nodes.len(), n_nodes);
+                a.track_vec(pf, &self.prog.args, read);
                 t.track(
                     pf,
                     self.prog.text.as_ptr(),
                     self.prog.text.len(),
                     self.prog.text.capacity(),
+                    read,
                 );
-                n.track_vec(pf, &nodes);
-                s.track_vec(pf, &self.prog.submods);
-                sn.track_vec(pf, &self.submod_names);
+                n.track_vec(pf, &nodes, read);
+                s.track_vec(pf, &self.prog.submods, read);
+                sn.track_vec(pf, &self.submod_names, read);
             }
             let [op_obj, name_obj, target_obj, ..] = self.fields(&node, &mut keep)?;
             // SAFETY (here and below): field pointers are borrowed from `node` (held) or `keep`,

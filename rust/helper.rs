@@ -147,26 +147,52 @@ impl Drop for Helper {
     }
 }
 
-/// Keeps the pages just past a growing buffer's end populated, [`CHUNK`] at a time.
+/// Keeps the pages just past a growing buffer's end populated, [`CHUNK`] at a time, while a
+/// graph is read, but not past where the buffer is heading: populated pages the buffer never
+/// fills would stay resident through the call (up to a chunk per buffer, as much as the whole
+/// source of a graph of ten thousand nodes).
 #[derive(Default)]
 pub struct Ahead {
     base: usize,
     /// Bytes from `base` already requested.
     done: usize,
+    /// `(nodes read, bytes used)` at the first call.
+    start: Option<(usize, usize)>,
 }
 
 impl Ahead {
-    /// Called as the buffer at `base` (capacity `cap` bytes) fills up to `used` bytes; a moved
-    /// buffer starts over.
+    /// Called as the buffer at `base` (capacity `cap` bytes) fills up to `used` bytes with `read`
+    /// of the graph's `n` nodes read; a moved buffer starts over.
     #[inline]
-    pub fn track(&mut self, pf: &Helper, base: *const u8, used: usize, cap: usize) {
+    pub fn track(
+        &mut self,
+        pf: &Helper,
+        base: *const u8,
+        used: usize,
+        cap: usize,
+        read: (usize, usize),
+    ) {
         let base = base as usize;
         if base != self.base {
             self.base = base;
             self.done = used;
         }
-        if used + CHUNK > self.done && self.done < cap {
-            let end = (self.done + CHUNK).min(cap);
+        if used + CHUNK <= self.done || self.done >= cap {
+            return;
+        }
+        // The end the buffer is heading for: its growth per node so far, over the nodes left,
+        // with half and 32 KiB to spare; a whole chunk before it has grown.
+        let (i, n) = read;
+        let (i0, u0) = *self.start.get_or_insert((i, used));
+        let grown = used.saturating_sub(u0);
+        let heading = match i.checked_sub(i0) {
+            Some(d) if d > 0 && grown > 0 => {
+                used + grown / d * n.saturating_sub(i) * 3 / 2 + (32 << 10)
+            }
+            _ => used + CHUNK,
+        };
+        let end = (self.done + CHUNK).min(cap).min(heading);
+        if end > self.done {
             pf.request(base + self.done, base + end);
             self.done = end;
         }
@@ -174,13 +200,14 @@ impl Ahead {
 
     /// [`Ahead::track`] for a vector.
     #[inline]
-    pub fn track_vec<T>(&mut self, pf: &Helper, v: &Vec<T>) {
+    pub fn track_vec<T>(&mut self, pf: &Helper, v: &Vec<T>, read: (usize, usize)) {
         let size = std::mem::size_of::<T>();
         self.track(
             pf,
             v.as_ptr() as *const u8,
             v.len() * size,
             v.capacity() * size,
+            read,
         );
     }
 }
@@ -277,19 +304,43 @@ mod tests {
     }
 
     #[test]
+    fn ahead_stops_near_where_a_steadily_growing_buffer_ends() {
+        let pf = Helper::start(None).expect("a helper thread");
+        // 800 KB filled over 100k nodes in a buffer with room for four times that.
+        let n = 100_000usize;
+        let mut v: Vec<u64> = Vec::with_capacity(4 * n);
+        let mut ahead = Ahead::default();
+        for i in 0..n {
+            v.push(i as u64);
+            if i % 64 == 0 {
+                ahead.track_vec(&pf, &v, (i + 1, n));
+            }
+        }
+        ahead.track_vec(&pf, &v, (n, n));
+        assert!(ahead.done >= n * 8);
+        // A chunk ahead of the end would be 256 KiB past it.
+        assert!(
+            ahead.done <= n * 8 + (96 << 10),
+            "{} bytes past the end",
+            ahead.done - n * 8
+        );
+    }
+
+    #[test]
     fn ahead_requests_stay_within_capacity_and_restart_on_a_moved_buffer() {
         let pf = Helper::start(None).expect("a helper thread");
         let mut v: Vec<u64> = Vec::with_capacity(1 << 20);
         let mut ahead = Ahead::default();
-        for i in 0..(1u64 << 20) {
-            v.push(i);
-            ahead.track_vec(&pf, &v);
+        let n = 1usize << 20;
+        for i in 0..n {
+            v.push(i as u64);
+            ahead.track_vec(&pf, &v, (i + 1, n));
             assert!(ahead.done <= v.capacity() * 8);
             assert!(ahead.done >= v.len() * 8);
         }
         let mut w: Vec<u64> = Vec::with_capacity(16);
         w.push(1);
-        ahead.track_vec(&pf, &w);
+        ahead.track_vec(&pf, &w, (0, 16));
         assert_eq!(ahead.base, w.as_ptr() as usize);
         assert_eq!(ahead.done, 16 * 8, "a small buffer is requested whole");
         drop(pf);
