@@ -187,7 +187,7 @@ impl Ahead {
         let grown = used.saturating_sub(u0);
         let heading = match i.checked_sub(i0) {
             Some(d) if d > 0 && grown > 0 => {
-                used + grown / d * n.saturating_sub(i) * 3 / 2 + (32 << 10)
+                used + grown * n.saturating_sub(i) / d * 3 / 2 + (32 << 10)
             }
             _ => used + CHUNK,
         };
