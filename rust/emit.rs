@@ -480,11 +480,10 @@ impl<'a> Emitter<'a> {
                 let live = Arc::new(liveness::compute(p, g));
                 let starts = chunk_starts(p, layout.style, g, &live);
                 // The receiver outlives this thread: sending cannot fail.
-                let _ = tx.send(live.clone());
+                let _ = tx.send((live.clone(), starts.clone()));
                 let own = Names::own(p, g);
-                let mut e = Emitter::new(p, layout, g.nodes.len() * per_node);
-                let chunks = e.take_chunks(g, &own, &live, &starts, next, stop);
-                (e.out, chunks)
+                Emitter::new(p, layout, g.nodes.len() * per_node)
+                    .into_chunks(g, &own, &live, &starts, next, stop)
             });
             let names = names::assign(p, g, reserved);
             let Ok(other) = other else {
@@ -493,12 +492,11 @@ impl<'a> Emitter<'a> {
             };
             let guessed = names.all_own();
             stop.store(!guessed, Ordering::Relaxed);
-            let Ok(live) = rx.recv() else {
+            let Ok((live, starts)) = rx.recv() else {
                 // The other thread ended without last uses: it panicked.
                 let e = other.join().err();
                 panic::resume_unwind(e.unwrap_or_else(|| Box::new("liveness thread ended")));
             };
-            let starts = chunk_starts(p, layout.style, g, &live);
             let mine = match guessed {
                 true => self.take_chunks(g, &names, &live, &starts, next, stop),
                 false => Vec::new(),
@@ -519,9 +517,8 @@ impl<'a> Emitter<'a> {
             let (starts, next, stop) = (&starts, &next, &stop);
             let other = thread::Builder::new()
                 .spawn_scoped(s, move || {
-                    let mut e = Emitter::new(p, layout, g.nodes.len() * per_node);
-                    let chunks = e.take_chunks(g, names, live, starts, next, stop);
-                    (e.out, chunks)
+                    Emitter::new(p, layout, g.nodes.len() * per_node)
+                        .into_chunks(g, names, live, starts, next, stop)
                 })
                 .ok()?;
             let mine = self.take_chunks(g, names, live, starts, next, stop);
@@ -555,6 +552,20 @@ impl<'a> Emitter<'a> {
         }
         self.mark = self.out.len();
         written
+    }
+
+    /// [`Emitter::take_chunks`] by an emitter of another thread: its buffer and its chunks.
+    fn into_chunks(
+        mut self,
+        g: &Graph,
+        names: &Names,
+        live: &Liveness,
+        starts: &[usize],
+        next: &AtomicUsize,
+        stop: &AtomicBool,
+    ) -> (String, Vec<(usize, Range<usize>)>) {
+        let chunks = self.take_chunks(g, names, live, starts, next, stop);
+        (self.out, chunks)
     }
 
     /// The chunks this thread wrote and those another wrote into its buffer (kept among
