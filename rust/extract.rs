@@ -657,6 +657,7 @@ impl<'py> Extractor<'py> {
 
     /// The fields of a node ([`FIELD_NAMES`]), borrowed: its member slots when it is exactly
     /// `torch.fx.Node`, else `getattr` results (owned, kept in `keep`).
+    #[inline(always)]
     fn fields(
         &self,
         node: &Bound<'py, PyAny>,
@@ -672,6 +673,15 @@ impl<'py> Extractor<'py> {
                 }
             }
         }
+        Self::fields_by_name(node, keep)
+    }
+
+    /// [`Extractor::fields`] through `getattr`.
+    #[inline(never)]
+    fn fields_by_name(
+        node: &Bound<'py, PyAny>,
+        keep: &mut Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<[*mut ffi::PyObject; 5]> {
         keep.clear();
         let mut out = [std::ptr::null_mut(); 5];
         for (o, name) in out.iter_mut().zip(FIELD_NAMES) {
@@ -737,7 +747,7 @@ impl<'py> Extractor<'py> {
                     }
                 }
             };
-            let v = self.arg(value, ctx, 0)?;
+            let v = self.value(value, ctx, 0)?;
             self.prog.args[span.start as usize + 2 * k] = key_arg;
             self.prog.args[span.start as usize + 2 * k + 1] = v;
             k += 1;
@@ -914,11 +924,12 @@ impl<'py> Extractor<'py> {
         })
     }
 
-    /// One argument value.
+    /// One argument value of any kind (what [`Extractor::value`] leaves: out of line).
     ///
     /// # Safety
     /// `a` must be a live object that no Python code frees during the call; this function
     /// calls no Python code itself (only C functions of exact builtin and torch types).
+    #[inline(never)]
     unsafe fn arg(
         &mut self,
         a: *mut ffi::PyObject,
@@ -981,8 +992,8 @@ impl<'py> Extractor<'py> {
             let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
             let mut k = 0;
             while k < n && ffi::PyDict_Next(a, &mut pos, &mut key, &mut value) != 0 {
-                let kv = self.arg(key, ctx, depth + 1)?;
-                let vv = self.arg(value, ctx, depth + 1)?;
+                let kv = self.value(key, ctx, depth + 1)?;
+                let vv = self.value(value, ctx, depth + 1)?;
                 self.prog.args[span.start as usize + 2 * k] = kv;
                 self.prog.args[span.start as usize + 2 * k + 1] = vv;
                 k += 1;
@@ -1013,10 +1024,42 @@ impl<'py> Extractor<'py> {
     ) -> PyResult<Span> {
         let span = self.prog.reserve_args(n as usize);
         for k in 0..n {
-            let v = self.arg(item(k), ctx, depth)?;
+            let v = self.value(item(k), ctx, depth)?;
             self.prog.args[span.start as usize + k as usize] = v;
         }
         Ok(span)
+    }
+
+    /// One argument value. The common kinds (a node read before, a float, an int) are settled
+    /// here, inline in the caller; the rest go through [`Extractor::arg`].
+    ///
+    /// # Safety
+    /// As for [`Extractor::arg`].
+    #[inline(always)]
+    unsafe fn value(
+        &mut self,
+        a: *mut ffi::PyObject,
+        ctx: &NodeCtx<'_, 'py>,
+        depth: usize,
+    ) -> PyResult<Arg> {
+        if depth <= MAX_DEPTH {
+            let ty = ffi::Py_TYPE(a);
+            if ty as usize == self.t.node {
+                if let Some(i) = ctx.index.get(a as usize) {
+                    self.refs.push(i);
+                    return Ok(Arg::Node(i));
+                }
+            } else if ty == &raw mut ffi::PyFloat_Type {
+                return Ok(Arg::Float(ffi::PyFloat_AS_DOUBLE(a)));
+            } else if ty == &raw mut ffi::PyLong_Type {
+                let mut overflow = 0;
+                let v = ffi::PyLong_AsLongAndOverflow(a, &mut overflow);
+                if overflow == 0 {
+                    return Ok(Arg::Int(v));
+                }
+            }
+        }
+        self.arg(a, ctx, depth)
     }
 
     /// # Safety
@@ -1050,7 +1093,7 @@ impl<'py> Extractor<'py> {
             node: a,
         };
         // SAFETY: `a` is held by the caller; no Python code runs during the walk.
-        let v = unsafe { self.arg(a.as_ptr(), &ctx, 0)? };
+        let v = unsafe { self.value(a.as_ptr(), &ctx, 0)? };
         self.prog.n_consts = self.pool.objects.len() as u32;
         Ok(v)
     }
