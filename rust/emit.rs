@@ -802,6 +802,7 @@ impl<'a> Emitter<'a> {
     /// The identifier keyword `key` is passed under (see [`kw_ident`]); None for a key that is
     /// not text. Keys repeat with one span per distinct key object, so plain keys are
     /// remembered in a small direct-mapped table.
+    #[inline(always)]
     fn key_ident<'s>(
         &mut self,
         key: &Arg,

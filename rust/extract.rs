@@ -130,6 +130,8 @@ struct Types {
     ilist: usize,
     idict: usize,
     device: usize,
+    /// Where a `torch.device` keeps its value (see [`device_value_at`]).
+    device_at: Option<usize>,
     graph_module: Py<PyType>,
     getitem: usize,
     walk: Option<Walk>,
@@ -176,12 +178,59 @@ impl Types {
             ilist: ptr(&ilist),
             idict: ptr(&idict),
             device: ptr(&device),
+            device_at: device_value_at(&device).ok().flatten(),
             graph_module: graph_module.unbind(),
             getitem: ptr(&getitem),
             walk: Walk::load(py).ok().flatten(),
             _held: held,
         })
     }
+}
+
+/// The offset of a `torch.device`'s value in the object, checked on sample devices. torch
+/// keeps it as two bytes, type and index (`at::Device`), right after the object header; two
+/// devices are equal exactly when those bytes are. Reading them replaces a hash and an
+/// equality test through Python's protocols (each wrapped in torch's error handling) per
+/// device. None, and devices are hashed and compared, if the samples do not bear it out.
+fn device_value_at(device: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+    let at = std::mem::size_of::<ffi::PyObject>();
+    if device.getattr("__basicsize__")?.extract::<usize>()? < at + 2 {
+        return Ok(None);
+    }
+    // Devices differing in type only, in index only, by no index against index 0, and one
+    // made twice.
+    let mut samples = Vec::new();
+    for (kind, index) in [
+        ("cpu", None),
+        ("cpu", Some(0)),
+        ("cuda", None),
+        ("cuda", Some(0)),
+        ("cuda", Some(3)),
+        ("meta", None),
+        ("cuda", Some(3)),
+    ] {
+        samples.push(match index {
+            None => device.call1((kind,))?,
+            Some(i) => device.call1((kind, i))?,
+        });
+    }
+    for a in &samples {
+        for b in &samples {
+            // SAFETY: exact torch.device objects, at least `at + 2` bytes long.
+            if unsafe { device_value(a.as_ptr(), at) == device_value(b.as_ptr(), at) } != a.eq(b)? {
+                return Ok(None);
+            }
+        }
+    }
+    Ok(Some(at))
+}
+
+/// The two value bytes of a `torch.device` at offset `at` ([`device_value_at`]).
+///
+/// # Safety
+/// `obj` must be a live exact `torch.device` and `at` its checked offset.
+unsafe fn device_value(obj: *mut ffi::PyObject, at: usize) -> u16 {
+    (obj as *const u8).add(at).cast::<u16>().read_unaligned()
 }
 
 /// What `gm.graph.nodes` does in torch.fx, done without its Python-level steps: the `graph`
@@ -250,6 +299,9 @@ pub struct Pool<'py> {
     /// The slot of each pooled object by id, and so only of objects the pool holds: it is
     /// exported to an external index, where the id of an object held by nobody could be reused.
     by_id: FxHashMap<usize, u32>,
+    /// Devices by value bytes ([`device_value_at`])...
+    device_values: FxHashMap<u16, u32>,
+    /// ...or, where those cannot be read, by hash.
     devices: FxHashMap<isize, Vec<u32>>,
     /// Slots that existed before this pass (an external vLLM-style pool).
     pub preexisting: usize,
@@ -260,6 +312,7 @@ impl<'py> Pool<'py> {
         Pool {
             objects: Vec::new(),
             by_id: FxHashMap::default(),
+            device_values: FxHashMap::default(),
             devices: FxHashMap::default(),
             preexisting: 0,
         }
@@ -289,9 +342,21 @@ impl<'py> Pool<'py> {
         k
     }
 
-    fn intern_device(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<u32> {
+    /// A `torch.device` (exactly), merged with an equal one met before; `value_at` is
+    /// [`Types::device_at`].
+    fn intern_device(&mut self, obj: &Bound<'py, PyAny>, value_at: Option<usize>) -> PyResult<u32> {
         let id = obj.as_ptr() as usize;
         if let Some(&k) = self.by_id.get(&id) {
+            return Ok(k);
+        }
+        if let Some(at) = value_at {
+            // SAFETY: an exact torch.device (the caller checked its type), `at` checked.
+            let v = unsafe { device_value(obj.as_ptr(), at) };
+            if let Some(&k) = self.device_values.get(&v) {
+                return Ok(k);
+            }
+            let k = self.intern(obj);
+            self.device_values.insert(v, k);
             return Ok(k);
         }
         // torch.device hashes and compares in C: no string is built per device.
@@ -1002,7 +1067,9 @@ impl<'py> Extractor<'py> {
         }
         let owned = Bound::from_borrowed_ptr(self.py, a);
         if tyu == self.t.device {
-            return Ok(Arg::Const(self.pool.intern_device(&owned)?));
+            return Ok(Arg::Const(
+                self.pool.intern_device(&owned, self.t.device_at)?,
+            ));
         }
         // A subclass of Node (a type check in C: no `__class__` lookup, no Python code).
         if ffi::PyType_IsSubtype(ty, self.t.node as *mut ffi::PyTypeObject) != 0 {

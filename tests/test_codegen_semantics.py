@@ -329,6 +329,20 @@ def test_equal_devices_share_a_slot(surface: str) -> None:
     assert args == (d1, d1, d3, d1)
 
 
+@pytest.mark.parametrize("surface", SURFACES)
+def test_devices_share_a_slot_only_when_equal(surface: str) -> None:
+    # Devices differing in type only, in index only, and by no index against index 0, each
+    # made anew (no CUDA needed to make one).
+    specs = [("cpu",), ("cpu", 0), ("cuda",), ("cuda", 0), ("cuda", 1), ("cuda", 7), ("meta",)]
+    devices = [torch.device(*spec) for spec in specs + specs[::-1]]
+    gm = call_graph(*devices)
+    _, _, consts = generate_surface(gm, surface)
+    assert consts[1:] == [torch.device(*spec) for spec in specs]
+    args, _ = compile_surface(gm, surface)(None)
+    assert args == tuple(devices)
+    assert [str(a) for a in args] == [str(d) for d in devices]
+
+
 class TracedModel(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
