@@ -609,20 +609,25 @@ impl<'a> Emitter<'a> {
                 self.out.push('[');
                 self.arg(&p.args[next.args.start as usize + 1], names);
                 put(&mut self.out, "]\n");
-                self.dels(&[live.after(j), live.after(j + 1)], j as u32, names);
+                self.dels(live.after(j), live.after(j + 1), j as u32, names);
                 j += 2;
                 continue;
             }
             self.statement(node, j as u32, names);
-            self.dels(&[live.after(j)], u32::MAX, names);
+            self.dels(live.after(j), &[], u32::MAX, names);
             j += 1;
         }
     }
 
-    /// One `del` line for the values in `lists` (all but `skip`, a value that was never bound).
-    fn dels(&mut self, lists: &[&[u32]], skip: u32, names: &Names) {
+    /// One `del` line for the values in `a` and then `b` (all but `skip`, a value that was
+    /// never bound).
+    #[inline(always)]
+    fn dels(&mut self, a: &[u32], b: &[u32], skip: u32, names: &Names) {
+        if a.len() + b.len() == 0 {
+            return;
+        }
         let mut first = true;
-        for &i in lists.iter().flat_map(|l| l.iter()) {
+        for &i in a.iter().chain(b) {
             if i == skip {
                 continue;
             }
@@ -631,7 +636,7 @@ impl<'a> Emitter<'a> {
             put(&mut self.out, names.get(i));
         }
         if !first {
-            self.out.push('\n');
+            put(&mut self.out, "\n");
         }
     }
 
