@@ -989,7 +989,8 @@ impl<'py> Extractor<'py> {
         })
     }
 
-    /// One argument value of any kind (what [`Extractor::value`] leaves: out of line).
+    /// The argument values [`Extractor::value`] leaves (out of line): every kind but floats,
+    /// ints within i64 and nodes already read, which it settles first.
     ///
     /// # Safety
     /// `a` must be a live object that no Python code frees during the call; this function
@@ -1019,16 +1020,9 @@ impl<'py> Extractor<'py> {
             return Ok(Arg::Bool(a == ffi::Py_True()));
         }
         if ty == &raw mut ffi::PyLong_Type {
-            let mut overflow = 0;
-            let v = ffi::PyLong_AsLongAndOverflow(a, &mut overflow);
-            if overflow == 0 {
-                return Ok(Arg::Int(v));
-            }
+            // Beyond i64 (`value` took the rest).
             let text = Bound::from_borrowed_ptr(self.py, a).str()?;
             return Ok(Arg::BigInt(self.prog.push_str(text.to_str()?)));
-        }
-        if ty == &raw mut ffi::PyFloat_Type {
-            return Ok(Arg::Float(ffi::PyFloat_AS_DOUBLE(a)));
         }
         if ty == &raw mut ffi::PyUnicode_Type {
             return Ok(match self.text_of(a) {
