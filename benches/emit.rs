@@ -26,18 +26,20 @@ fn stitch(nodes: usize) -> (Program, usize) {
     let g = p.add_graph();
     let x = p.add_placeholder(g, "x", None);
     let s0 = p.add_placeholder(g, "s0", None);
+    // Keyword keys share one span each, as in programs the reader makes.
+    let (scale, sizes) = (Arg::Str(p.push_str("scale")), Arg::Str(p.push_str("sizes")));
     let mut prev = x;
     for i in 0..layers {
         let name = format!("submod_{i}");
         let sm = p.add_submod(&name, SubmodKind::Opaque);
-        let sizes = p.list(&[Arg::Node(s0), Arg::Int(16)]);
-        let call = p.add_node(
+        let size_list = p.list(&[Arg::Node(s0), Arg::Int(16)]);
+        let call = p.add_node_kw(
             g,
             Op::CallModule,
             &name,
             Target::Submod(sm),
             &[Arg::Node(prev), Arg::Node(x), Arg::Node(s0)],
-            &[("scale", Arg::Float(0.5)), ("sizes", sizes)],
+            &[(scale, Arg::Float(0.5)), (sizes, size_list)],
         );
         prev = p.add_node(
             g,
@@ -85,17 +87,21 @@ fn inline(nodes: usize) -> (Program, usize) {
     let add = Target::Name(p.push_str("torch.ops.aten.add.Tensor"));
     let mul = Target::Name(p.push_str("torch.ops.aten.mul.Tensor"));
     let sub = Target::Name(p.push_str("torch.ops.aten.sub.Tensor"));
+    let (dtype, device) = (
+        Arg::Str(p.push_str("dtype")),
+        Arg::Str(p.push_str("device")),
+    );
     let cx = p.add_placeholder(child, "x", None);
     let mut prev = cx;
     for i in 0..n_ops {
         prev = match i % 4 {
-            0 => p.add_node(
+            0 => p.add_node_kw(
                 child,
                 Op::CallFunction,
                 &format!("to_{i}"),
                 to_copy,
                 &[Arg::Node(prev)],
-                &[("dtype", Arg::Const(0)), ("device", Arg::Const(1))],
+                &[(dtype, Arg::Const(0)), (device, Arg::Const(1))],
             ),
             1 => p.add_node(
                 child,

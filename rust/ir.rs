@@ -225,12 +225,27 @@ impl Program {
         args: &[Arg],
         kwargs: &[(&str, Arg)],
     ) -> u32 {
+        let kwargs: Vec<(Arg, Arg)> = kwargs
+            .iter()
+            .map(|(k, v)| (Arg::Str(self.push_str(k)), *v))
+            .collect();
+        self.add_node_kw(g, op, name, target, args, &kwargs)
+    }
+
+    /// [`Program::add_node`] with the keyword keys given as arguments: `Str` spans, which nodes
+    /// may share (the reader gives every key object one span), or a `Const` slot.
+    pub fn add_node_kw(
+        &mut self,
+        g: u32,
+        op: Op,
+        name: &str,
+        target: Target,
+        args: &[Arg],
+        kwargs: &[(Arg, Arg)],
+    ) -> u32 {
         let name = self.push_str(name);
         let args = self.push_args(args);
-        let kw: Vec<Arg> = kwargs
-            .iter()
-            .flat_map(|(k, v)| [Arg::Str(self.push_str(k)), *v])
-            .collect();
+        let kw: Vec<Arg> = kwargs.iter().flat_map(|&(k, v)| [k, v]).collect();
         let kwargs = self.push_args(&kw);
         let nodes = &mut self.graphs[g as usize].nodes;
         nodes.push(Node {

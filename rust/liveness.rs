@@ -4,7 +4,7 @@
 //! released right after it is made; a value the output returns is never released.
 
 use crate::helper::discard;
-use crate::ir::{Graph, Op, Program};
+use crate::ir::{Arg, Graph, Op, Program, Span};
 
 /// `list[start[j]..start[j + 1]]` are the nodes to `del` after node `j`, in node order;
 /// `uses[i]` counts the references to node `i` (the output's included).
@@ -25,11 +25,22 @@ const NEVER: u32 = u32::MAX;
 const RETURNED: u32 = u32::MAX - 1;
 
 pub fn compute(p: &Program, g: &Graph) -> Liveness {
-    let mut b = Builder::with_capacity(g.nodes.len());
-    for node in &g.nodes {
-        b.push(node.op == Op::Output);
-        p.for_each_ref(node.args, &mut |i| b.mark(i));
-        p.for_each_ref(node.kwargs, &mut |i| b.mark(i));
+    let n = g.nodes.len();
+    let mut b = Builder {
+        last: vec![NEVER; n],
+        uses: vec![0; n],
+        outputs: Vec::new(),
+        now: 0,
+    };
+    for (j, node) in g.nodes.iter().enumerate() {
+        if node.op == Op::Output {
+            b.outputs.push(j as u32);
+            b.now = RETURNED;
+        } else {
+            b.now = j as u32;
+        }
+        b.mark_args(p, node.args);
+        b.mark_args(p, node.kwargs);
     }
     b.finish()
 }
@@ -43,8 +54,9 @@ pub struct Builder {
     uses: Vec<u32>,
     /// Output nodes, in order.
     outputs: Vec<u32>,
-    /// Whether the node pushed last is an output.
-    output: bool,
+    /// What a use by the node pushed last makes of the used node's `last`: the node's index,
+    /// or RETURNED for an output.
+    now: u32,
 }
 
 impl Builder {
@@ -53,15 +65,16 @@ impl Builder {
             last: Vec::with_capacity(n),
             uses: Vec::with_capacity(n),
             outputs: Vec::new(),
-            output: false,
+            now: 0,
         }
     }
 
     pub fn push(&mut self, output: bool) {
+        let j = self.last.len() as u32;
         if output {
-            self.outputs.push(self.last.len() as u32);
+            self.outputs.push(j);
         }
-        self.output = output;
+        self.now = if output { RETURNED } else { j };
         self.last.push(NEVER);
         self.uses.push(0);
     }
@@ -69,14 +82,31 @@ impl Builder {
     /// The node pushed last uses node `i`.
     #[inline]
     pub fn mark(&mut self, i: u32) {
-        let j = self.last.len() as u32 - 1;
         self.uses[i as usize] += 1;
         let slot = &mut self.last[i as usize];
-        if self.output {
-            *slot = RETURNED;
-        } else if *slot != RETURNED {
-            *slot = j;
+        // A value the output returns stays RETURNED whatever uses it later.
+        *slot = if *slot == RETURNED {
+            RETURNED
+        } else {
+            self.now
+        };
+    }
+
+    /// Marks every node reference in `span` of the program's arguments (containers included).
+    #[inline(always)]
+    fn mark_args(&mut self, p: &Program, span: Span) {
+        for a in &p.args[span.range()] {
+            match *a {
+                Arg::Node(i) => self.mark(i),
+                Arg::Tuple(s) | Arg::List(s) | Arg::Dict(s) => self.mark_nested(p, s),
+                _ => {}
+            }
         }
+    }
+
+    #[inline(never)]
+    fn mark_nested(&mut self, p: &Program, span: Span) {
+        self.mark_args(p, span);
     }
 
     /// The last uses. What remains in the builder is scratch: [`Builder::discard`] it.
