@@ -296,6 +296,8 @@ struct Emitter<'a> {
     out: String,
     floats: FxHashMap<u64, (u32, u32)>,
     float_text: String,
+    /// `(bits, start, len)` of the float written last, found without hashing.
+    last_float: Option<(u64, u32, u32)>,
     /// `(key span, its text when it passes as key=)` of recently seen keyword keys (callee-free
     /// calls).
     plain_keys: [(Span, Option<&'a str>); PLAIN_KEYS],
@@ -335,6 +337,7 @@ impl<'a> Emitter<'a> {
             out: String::with_capacity(capacity),
             floats: FxHashMap::default(),
             float_text: String::new(),
+            last_float: None,
             plain_keys: [(
                 Span {
                     start: 0,
@@ -633,7 +636,7 @@ impl<'a> Emitter<'a> {
             }
             put(&mut self.out, if first { "    del " } else { ", " });
             first = false;
-            put(&mut self.out, names.get(i));
+            names.put(&mut self.out, i);
         }
         if !first {
             put(&mut self.out, "\n");
@@ -642,7 +645,7 @@ impl<'a> Emitter<'a> {
 
     fn lhs(&mut self, j: u32, names: &Names) {
         put(&mut self.out, "    ");
-        put(&mut self.out, names.get(j));
+        names.put(&mut self.out, j);
         put(&mut self.out, " = ");
     }
 
@@ -857,19 +860,24 @@ impl<'a> Emitter<'a> {
     /// Floats repeat (scales, epsilons): each distinct bit pattern is formatted once.
     fn float(&mut self, v: f64) {
         let bits = v.to_bits();
-        if let Some(&(s, l)) = self.floats.get(&bits) {
-            put(
-                &mut self.out,
-                &self.float_text[s as usize..(s + l) as usize],
-            );
-            return;
-        }
-        let start = self.float_text.len();
-        literal::float(&mut self.float_text, v);
-        let text = &self.float_text[start..];
-        put(&mut self.out, text);
-        self.floats
-            .insert(bits, (start as u32, (self.float_text.len() - start) as u32));
+        let (s, l) = match self.last_float {
+            Some((b, s, l)) if b == bits => (s, l),
+            _ => match self.floats.get(&bits) {
+                Some(&(s, l)) => (s, l),
+                None => {
+                    let start = self.float_text.len() as u32;
+                    literal::float(&mut self.float_text, v);
+                    let l = self.float_text.len() as u32 - start;
+                    self.floats.insert(bits, (start, l));
+                    (start, l)
+                }
+            },
+        };
+        self.last_float = Some((bits, s, l));
+        put(
+            &mut self.out,
+            &self.float_text[s as usize..(s + l) as usize],
+        );
     }
 
     fn items(&mut self, s: Span, names: &Names) {
@@ -886,7 +894,8 @@ impl<'a> Emitter<'a> {
     #[inline(always)]
     fn arg(&mut self, a: &Arg, names: &Names) {
         match *a {
-            Arg::Node(i) => put(&mut self.out, names.get(i)),
+            Arg::Node(i) => names.put(&mut self.out, i),
+            Arg::Int(v @ 0..=99) => literal::small(&mut self.out, v as u8),
             _ => self.value(a, names),
         }
     }
@@ -895,7 +904,7 @@ impl<'a> Emitter<'a> {
     fn value(&mut self, a: &Arg, names: &Names) {
         let p = self.p;
         match *a {
-            Arg::Node(i) => put(&mut self.out, names.get(i)),
+            Arg::Node(i) => names.put(&mut self.out, i),
             Arg::None => put(&mut self.out, "None"),
             Arg::Bool(b) => put(&mut self.out, if b { "True" } else { "False" }),
             Arg::Int(v) => literal::int(&mut self.out, v),

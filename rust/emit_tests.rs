@@ -144,6 +144,18 @@ fn literals_and_pool() {
         Arg::Const(1),
         one,
         d,
+        // Repeats (the last float, an older one) and -0.0 against 0.0; ints of 1-3 digits.
+        Arg::Float(1e-5),
+        Arg::Float(0.0),
+        Arg::Float(-0.0),
+        Arg::Float(0.0),
+        Arg::Float(1e-5),
+        Arg::Int(0),
+        Arg::Int(9),
+        Arg::Int(10),
+        Arg::Int(99),
+        Arg::Int(100),
+        Arg::Int(-10),
     ];
     let f = p.add_node(
         g,
@@ -157,7 +169,7 @@ fn literals_and_pool() {
     assert_emits!(
         p,
         native(),
-        "import torch\nimport operator\n\ndef execution_fn():\n    f = __fx_c0(None, True, -7, -123456789012345678901234567890, -0.0, float('nan'), 1e-05, 'it\\'s \"q\"\\n', b'\\x00\\xffab', __fx_c1, (1,), {'k': float('-inf')}, **{'class': 1})\n    return f\n"
+        "import torch\nimport operator\n\ndef execution_fn():\n    f = __fx_c0(None, True, -7, -123456789012345678901234567890, -0.0, float('nan'), 1e-05, 'it\\'s \"q\"\\n', b'\\x00\\xffab', __fx_c1, (1,), {'k': float('-inf')}, 1e-05, 0.0, -0.0, 0.0, 1e-05, 0, 9, 10, 99, 100, -10, **{'class': 1})\n    return f\n"
     );
 }
 

@@ -61,12 +61,24 @@ fn put_long(out: &mut String, s: &str) {
     }
 }
 
-/// Writes an int (a single digit, the most common, without formatting).
+/// Writes an int (one or two digits, the most common, without formatting).
 #[inline]
 pub fn int(out: &mut String, v: i64) {
     match u8::try_from(v) {
-        Ok(d @ 0..=9) => out.push(char::from(b'0' + d)),
+        Ok(d @ 0..=99) => small(out, d),
         _ => put(out, itoa::Buffer::new().format(v)),
+    }
+}
+
+/// Writes `d` (below 100) in decimal.
+#[inline(always)]
+pub fn small(out: &mut String, d: u8) {
+    if d < 10 {
+        out.push(char::from(b'0' + d));
+    } else {
+        let pair = [b'0' + d / 10, b'0' + d % 10];
+        // SAFETY: two ASCII digits keep the String UTF-8.
+        unsafe { out.as_mut_vec().extend_from_slice(&pair) };
     }
 }
 
