@@ -1,6 +1,8 @@
 //! Criterion benches of the pure-Rust core: throughput in nodes/s of the emitter from an
-//! in-memory node list (target: >= 20 M nodes/s), of `codegen` (validate + layout check +
-//! emit), and of the serialized path (`serial::read` + `codegen`, what `fxcodegen.emit` runs).
+//! in-memory node list (target: >= 20 M nodes/s), both as one `String` (`emit`) and as the
+//! pieces of the threads' buffers that `generate` copies into its `str` (`emit_pieces`), of
+//! `codegen` (validate + layout check + emit), and of the serialized path (`serial::read` +
+//! `codegen`, what `fxcodegen.emit` runs).
 //!
 //!     cargo bench --bench emit --no-default-features
 //!     cargo bench --bench emit --no-default-features -- --test     # smoke: each bench once
@@ -12,7 +14,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use fxcodegen::emit::{emit, Layout};
+use fxcodegen::emit::{default_threads, emit, emit_with_threads, Layout};
 use fxcodegen::ir::{Arg, Op, Program, SubmodKind, Target};
 use fxcodegen::{codegen, serial};
 
@@ -146,6 +148,9 @@ fn bench_shape(c: &mut Criterion, shape: &str, make: fn(usize) -> (Program, usiz
             "unexpected source:\n{}",
             &code[..200.min(code.len())]
         );
+        // The pieces the emitter leaves (what `generate` copies into its str) join to the same.
+        let threads = default_threads();
+        assert_eq!(emit_with_threads(&p, &layout, threads).concat(), code);
         let data = serial::write(&p);
         if size >= 100_000 {
             group.sample_size(10);
@@ -153,6 +158,9 @@ fn bench_shape(c: &mut Criterion, shape: &str, make: fn(usize) -> (Program, usiz
         group.throughput(Throughput::Elements(nodes as u64));
         group.bench_with_input(BenchmarkId::new("emit", nodes), &p, |b, p| {
             b.iter(|| emit(black_box(p), &layout))
+        });
+        group.bench_with_input(BenchmarkId::new("emit_pieces", nodes), &p, |b, p| {
+            b.iter(|| emit_with_threads(black_box(p), &layout, threads))
         });
         group.bench_with_input(BenchmarkId::new("codegen", nodes), &p, |b, p| {
             b.iter(|| codegen(black_box(p), &layout).unwrap())
