@@ -606,9 +606,7 @@ impl Assigner {
                 extra: String::new(),
                 spans: Vec::with_capacity(n),
             },
-            // Room for twice the names: a table at most 3/8 full keeps probe runs short (at
-            // 3/4 full, the emitter's two threads took 4-5% longer on 100k-node functions).
-            used: Table::with_capacity(2 * n),
+            used: Table::with_capacity(n),
             scratch: String::new(),
         }
     }
