@@ -33,12 +33,7 @@ pub fn compute(p: &Program, g: &Graph) -> Liveness {
         now: 0,
     };
     for (j, node) in g.nodes.iter().enumerate() {
-        if node.op == Op::Output {
-            b.outputs.push(j as u32);
-            b.now = RETURNED;
-        } else {
-            b.now = j as u32;
-        }
+        b.begin(j as u32, node.op == Op::Output);
         b.mark_args(p, node.args);
         b.mark_args(p, node.kwargs);
     }
@@ -70,13 +65,20 @@ impl Builder {
     }
 
     pub fn push(&mut self, output: bool) {
-        let j = self.last.len() as u32;
-        if output {
-            self.outputs.push(j);
-        }
-        self.now = if output { RETURNED } else { j };
+        self.begin(self.last.len() as u32, output);
         self.last.push(NEVER);
         self.uses.push(0);
+    }
+
+    /// Node `j`'s uses are marked next.
+    #[inline]
+    fn begin(&mut self, j: u32, output: bool) {
+        if output {
+            self.outputs.push(j);
+            self.now = RETURNED;
+        } else {
+            self.now = j;
+        }
     }
 
     /// The node pushed last uses node `i`.
