@@ -302,15 +302,22 @@ impl Program {
         }
     }
 
-    /// Calls `f` on every node reference inside `span` (containers included).
+    /// Calls `f` on every node reference inside `span` (containers included): the top level
+    /// inline in the caller, containers out of line.
+    #[inline(always)]
     pub fn for_each_ref(&self, span: Span, f: &mut impl FnMut(u32)) {
         for a in &self.args[span.range()] {
             match *a {
                 Arg::Node(i) => f(i),
-                Arg::Tuple(s) | Arg::List(s) | Arg::Dict(s) => self.for_each_ref(s, f),
+                Arg::Tuple(s) | Arg::List(s) | Arg::Dict(s) => self.for_each_nested_ref(s, f),
                 _ => {}
             }
         }
+    }
+
+    #[inline(never)]
+    fn for_each_nested_ref(&self, span: Span, f: &mut impl FnMut(u32)) {
+        self.for_each_ref(span, f);
     }
 
     /// [`Program::validate`] plus the rules for programs from untrusted bytes: call names

@@ -4,7 +4,7 @@
 //! released right after it is made; a value the output returns is never released.
 
 use crate::helper::discard;
-use crate::ir::{Arg, Graph, Op, Program, Span};
+use crate::ir::{Graph, Op, Program};
 
 /// `list[start[j]..start[j + 1]]` are the nodes to `del` after node `j`, in node order;
 /// `uses[i]` counts the references to node `i` (the output's included).
@@ -34,8 +34,8 @@ pub fn compute(p: &Program, g: &Graph) -> Liveness {
     };
     for (j, node) in g.nodes.iter().enumerate() {
         b.begin(j as u32, node.op == Op::Output);
-        b.mark_args(p, node.args);
-        b.mark_args(p, node.kwargs);
+        p.for_each_ref(node.args, &mut |i| b.mark(i));
+        p.for_each_ref(node.kwargs, &mut |i| b.mark(i));
     }
     b.finish()
 }
@@ -92,23 +92,6 @@ impl Builder {
         } else {
             self.now
         };
-    }
-
-    /// Marks every node reference in `span` of the program's arguments (containers included).
-    #[inline(always)]
-    fn mark_args(&mut self, p: &Program, span: Span) {
-        for a in &p.args[span.range()] {
-            match *a {
-                Arg::Node(i) => self.mark(i),
-                Arg::Tuple(s) | Arg::List(s) | Arg::Dict(s) => self.mark_nested(p, s),
-                _ => {}
-            }
-        }
-    }
-
-    #[inline(never)]
-    fn mark_nested(&mut self, p: &Program, span: Span) {
-        self.mark_args(p, span);
     }
 
     /// The last uses. What remains in the builder is scratch: [`Builder::discard`] it.
