@@ -11,9 +11,10 @@ use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
 use crate::ir::{Arg, Graph, Node, Op, Program, Span, SubmodKind, Target};
-use crate::literal::{self, put};
+use crate::literal;
 use crate::liveness::{self, Liveness};
 use crate::names::{self, Names, Reserved};
+use crate::out::{Out, WINDOW};
 use crate::stream::Streamed;
 
 /// The naming scheme of the generated module.
@@ -182,19 +183,19 @@ pub fn emit_streamed(
     e.per_node = per_node;
     e.streamed = streamed;
     if layout.header {
-        e.out.push_str("import torch\nimport operator\n");
+        e.out.put("import torch\nimport operator\n");
     }
     let reserved = layout.reserved();
     for (i, sm) in p.submods.iter().enumerate() {
         if let SubmodKind::Inline(g) = sm.kind {
-            e.out.push('\n');
+            e.out.put("\n");
             e.function(g, Head::Inline(i as u32), &reserved);
         }
     }
-    e.out.push('\n');
+    e.out.put("\n");
     e.function(0, Head::Root, &reserved);
     e.cut();
-    let mut buffers = vec![e.out];
+    let mut buffers = vec![e.out.into_string()];
     buffers.append(&mut e.others);
     Source {
         buffers,
@@ -212,8 +213,10 @@ pub fn format_arg(p: &Program, arg: &Arg, names: &Names, style: Style) -> String
         header: false,
     };
     let mut e = Emitter::new(p, &layout, 0);
-    e.arg(arg, names);
-    e.out
+    e.out.room(16);
+    // SAFETY: room for an argument.
+    unsafe { e.arg(arg, names) };
+    e.out.into_string()
 }
 
 /// Whether node `j` is a call whose only use is as the object of the getitem at `j + 1`
@@ -293,7 +296,7 @@ const PLAIN_KEYS: usize = 16;
 struct Emitter<'a> {
     p: &'a Program,
     layout: &'a Layout<'a>,
-    out: String,
+    out: Out,
     floats: FxHashMap<u64, (u32, u32)>,
     float_text: String,
     /// `(bits, start, len)` of the float written last, found without hashing.
@@ -334,7 +337,7 @@ impl<'a> Emitter<'a> {
         Emitter {
             p,
             layout,
-            out: String::with_capacity(capacity),
+            out: Out::with_capacity(capacity),
             floats: FxHashMap::default(),
             float_text: String::new(),
             last_float: None,
@@ -355,46 +358,37 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    fn num(&mut self, v: u32) {
-        put(&mut self.out, itoa::Buffer::new().format(v));
+    /// `prefix`, `v` in decimal, then `close` (at most 30 bytes with `prefix`).
+    #[inline(always)]
+    fn indexed(&mut self, prefix: &'static str, v: u32, close: &'static str) {
+        debug_assert!(prefix.len() + close.len() <= 30);
+        self.out.room(40);
+        // SAFETY: room for `prefix` and `close` and at most 10 digits.
+        unsafe {
+            self.out.raw(prefix);
+            self.out.raw(itoa::Buffer::new().format(v));
+            self.out.raw(close);
+        }
     }
 
     fn inline_name(&mut self, i: u32) {
-        put(
-            &mut self.out,
-            match self.layout.style {
-                Style::Native => "__fx_f",
-                Style::Vllm => "__vllm_inlined_submods__",
-            },
-        );
-        self.num(i);
+        match self.layout.style {
+            Style::Native => self.indexed("__fx_f", i, ""),
+            Style::Vllm => self.indexed("__vllm_inlined_submods__", i, ""),
+        }
     }
 
     fn submod_ref(&mut self, i: u32) {
         match self.layout.style {
-            Style::Native => {
-                put(&mut self.out, "__fx_s");
-                self.num(i);
-            }
-            Style::Vllm => {
-                put(&mut self.out, "__vllm_submods__[");
-                self.num(i);
-                self.out.push(']');
-            }
+            Style::Native => self.indexed("__fx_s", i, ""),
+            Style::Vllm => self.indexed("__vllm_submods__[", i, "]"),
         }
     }
 
     fn const_ref(&mut self, k: u32) {
         match self.layout.style {
-            Style::Native => {
-                put(&mut self.out, "__fx_c");
-                self.num(k);
-            }
-            Style::Vllm => {
-                put(&mut self.out, "__vllm_consts__[");
-                self.num(k);
-                self.out.push(']');
-            }
+            Style::Native => self.indexed("__fx_c", k, ""),
+            Style::Vllm => self.indexed("__vllm_consts__[", k, "]"),
         }
     }
 
@@ -420,35 +414,39 @@ impl<'a> Emitter<'a> {
                 None,
             ),
         };
-        put(&mut self.out, "def ");
+        self.out.put("def ");
         match head {
-            Head::Root => put(&mut self.out, self.layout.fn_name),
+            Head::Root => self.out.put(self.layout.fn_name),
             Head::Inline(i) => self.inline_name(i),
         }
-        self.out.push('(');
+        self.out.put("(");
         let mut first = true;
         for (j, node) in g.nodes.iter().enumerate() {
             if node.op != Op::Placeholder {
                 continue;
             }
             if !first {
-                put(&mut self.out, ", ");
+                self.out.put(", ");
             }
             first = false;
-            put(&mut self.out, names.get(j as u32));
+            self.out.put(names.get(j as u32));
             if node.args.len == 1 {
-                self.out.push('=');
-                self.arg(&p.args[node.args.start as usize], &names);
+                self.out.room(1 + 16);
+                // SAFETY: room for '=' and an argument.
+                unsafe {
+                    self.out.byte(b'=');
+                    self.arg(&p.args[node.args.start as usize], &names);
+                }
             }
         }
         if matches!(head, Head::Root) && self.layout.style == Style::Vllm && self.layout.with_submod
         {
             if !first {
-                put(&mut self.out, ", ");
+                self.out.put(", ");
             }
-            put(&mut self.out, "*, __vllm_submods__");
+            self.out.put("*, __vllm_submods__");
         }
-        put(&mut self.out, "):\n");
+        self.out.put("):\n");
         if parallel && written.is_none() {
             written = self.shared(g, &names, &live);
         }
@@ -460,7 +458,7 @@ impl<'a> Emitter<'a> {
             None => self.statements(g, &names, &live, 0..n),
         }
         if g.nodes.last().is_none_or(|node| node.op != Op::Output) {
-            put(&mut self.out, "    return None\n");
+            self.out.put("    return None\n");
         }
     }
 
@@ -568,7 +566,7 @@ impl<'a> Emitter<'a> {
         stop: &AtomicBool,
     ) -> (String, Vec<(usize, Range<usize>)>) {
         let chunks = self.take_chunks(g, names, live, starts, next, stop);
-        (self.out, chunks)
+        (self.out.into_string(), chunks)
     }
 
     /// The chunks this thread wrote and those another wrote into its buffer (kept among
@@ -598,6 +596,10 @@ impl<'a> Emitter<'a> {
     }
 
     /// The statements of nodes `range` (which starts at a statement, see [`fuses`]).
+    ///
+    /// Statements are written in windows of [`Out`]: each `room` call below makes room for the
+    /// unchecked appends right after it, counting 16 bytes for each [`Emitter::arg`] and
+    /// [`Out::name`], 32 for each [`Out::text`].
     fn statements(&mut self, g: &Graph, names: &Names, live: &Liveness, range: Range<usize>) {
         let p = self.p;
         let mut j = range.start;
@@ -609,9 +611,13 @@ impl<'a> Emitter<'a> {
                 let next = &g.nodes[j + 1];
                 self.lhs(j as u32 + 1, names);
                 self.expr(node, names);
-                self.out.push('[');
-                self.arg(&p.args[next.args.start as usize + 1], names);
-                put(&mut self.out, "]\n");
+                self.out.room(1 + 16 + 2);
+                // SAFETY: room for '[', an argument and "]\n".
+                unsafe {
+                    self.out.byte(b'[');
+                    self.arg(&p.args[next.args.start as usize + 1], names);
+                    self.out.raw("]\n");
+                }
                 self.dels(live.after(j), live.after(j + 1), j as u32, names);
                 j += 2;
                 continue;
@@ -634,36 +640,52 @@ impl<'a> Emitter<'a> {
             if i == skip {
                 continue;
             }
-            put(&mut self.out, if first { "    del " } else { ", " });
+            self.out.room(8 + 16 + 1);
+            // SAFETY: room for "    del " (or ", "), a name and the line's end, which the last
+            // name's window leaves for below.
+            unsafe {
+                self.out.raw(if first { "    del " } else { ", " });
+                self.out.name(names, i);
+            }
             first = false;
-            names.put(&mut self.out, i);
         }
         if !first {
-            put(&mut self.out, "\n");
+            // SAFETY: the last window's byte.
+            unsafe { self.out.byte(b'\n') };
         }
     }
 
     fn lhs(&mut self, j: u32, names: &Names) {
-        put(&mut self.out, "    ");
-        names.put(&mut self.out, j);
-        put(&mut self.out, " = ");
+        self.out.room(4 + 16 + 3);
+        // SAFETY: room for the indent, a name and " = ".
+        unsafe {
+            self.out.raw("    ");
+            self.out.name(names, j);
+            self.out.raw(" = ");
+        }
     }
 
     fn statement(&mut self, node: &Node, j: u32, names: &Names) {
         match node.op {
             Op::Placeholder => {}
             Op::Output => {
-                put(&mut self.out, "    return ");
-                match node.args.len {
-                    0 => put(&mut self.out, "None"),
-                    _ => self.arg(&self.p.args[node.args.start as usize], names),
+                self.out.room(11 + 16 + 1);
+                // SAFETY: room for "    return ", an argument (or "None") and a newline.
+                unsafe {
+                    self.out.raw("    return ");
+                    match node.args.len {
+                        0 => self.out.raw("None"),
+                        _ => self.arg(&self.p.args[node.args.start as usize], names),
+                    }
+                    self.out.byte(b'\n');
                 }
-                self.out.push('\n');
             }
             _ => {
                 self.lhs(j, names);
                 self.expr(node, names);
-                self.out.push('\n');
+                self.out.room(1);
+                // SAFETY: room for the newline.
+                unsafe { self.out.byte(b'\n') };
             }
         }
     }
@@ -696,23 +718,35 @@ impl<'a> Emitter<'a> {
                     ) =>
             {
                 let a = &p.args[node.args.start as usize..][..2];
-                self.receiver(&a[0], names);
-                self.out.push('[');
-                self.arg(&a[1], names);
-                self.out.push(']');
+                self.out.room(18 + 18);
+                // SAFETY: room for a receiver, then '[', an argument and ']'.
+                unsafe {
+                    self.receiver(&a[0], names);
+                    self.out.byte(b'[');
+                    self.arg(&a[1], names);
+                    self.out.byte(b']');
+                }
             }
             (Op::CallFunction, t) => {
                 match t {
-                    Target::Name(s) => put(&mut self.out, p.str(s)),
+                    Target::Name(s) => {
+                        self.out.room(32);
+                        // SAFETY: room for a text.
+                        unsafe { self.out.text(p.str(s)) };
+                    }
                     Target::Const(k) => self.const_ref(k),
-                    _ => put(&mut self.out, "operator.getitem"),
+                    _ => self.out.put("operator.getitem"),
                 }
                 self.call_args(node.args, node.kwargs, None, names);
             }
             (Op::CallMethod, Target::Method(m)) => {
-                self.receiver(&p.args[node.args.start as usize], names);
-                self.out.push('.');
-                put(&mut self.out, p.str(m));
+                self.out.room(18 + 1 + 32);
+                // SAFETY: room for a receiver, '.' and a text.
+                unsafe {
+                    self.receiver(&p.args[node.args.start as usize], names);
+                    self.out.byte(b'.');
+                    self.out.text(p.str(m));
+                }
                 let rest = Span {
                     start: node.args.start + 1,
                     len: node.args.len - 1,
@@ -720,19 +754,26 @@ impl<'a> Emitter<'a> {
                 self.call_args(rest, node.kwargs, None, names);
             }
             // Unreachable for validated programs; keep the output well-formed regardless.
-            _ => put(&mut self.out, "None"),
+            _ => self.out.put("None"),
         }
     }
 
     /// An object in receiver position (`x.m()`, `x[i]`): numbers get parentheses (`(1).m()`,
     /// `(-1)[0]`).
-    fn receiver(&mut self, a: &Arg, names: &Names) {
-        if !matches!(a, Arg::Int(_) | Arg::BigInt(_) | Arg::Float(_)) {
-            self.arg(a, names);
-        } else {
-            self.out.push('(');
-            self.arg(a, names);
-            self.out.push(')');
+    ///
+    /// # Safety
+    /// There is room for 18 bytes.
+    #[inline(always)]
+    unsafe fn receiver(&mut self, a: &Arg, names: &Names) {
+        // SAFETY: room for '(', an argument and ')'.
+        unsafe {
+            if !matches!(a, Arg::Int(_) | Arg::BigInt(_) | Arg::Float(_)) {
+                self.arg(a, names);
+            } else {
+                self.out.byte(b'(');
+                self.arg(a, names);
+                self.out.byte(b')');
+            }
         }
     }
 
@@ -741,17 +782,25 @@ impl<'a> Emitter<'a> {
     /// need the `**` form.
     fn call_args(&mut self, args: Span, kwargs: Span, callee: Option<u32>, names: &Names) {
         let p = self.p;
-        self.out.push('(');
+        self.out.room(1);
+        // SAFETY: room for '('.
+        unsafe { self.out.byte(b'(') };
         let mut first = true;
         for a in &p.args[args.range()] {
-            if !first {
-                put(&mut self.out, ", ");
+            self.out.room(2 + 16);
+            // SAFETY: room for ", " and an argument.
+            unsafe {
+                if !first {
+                    self.out.raw(", ");
+                }
+                self.arg(a, names);
             }
             first = false;
-            self.arg(a, names);
         }
         if kwargs.len == 0 {
-            self.out.push(')');
+            self.out.room(1);
+            // SAFETY: room for ')'.
+            unsafe { self.out.byte(b')') };
             return;
         }
         let params = callee.map(|g| self.params(g));
@@ -771,40 +820,45 @@ impl<'a> Emitter<'a> {
             }
             all_plain &= id.is_some();
         }
-        if !first {
-            put(&mut self.out, ", ");
-        }
         if !all_plain {
-            put(&mut self.out, "**{");
+            self.out.put(if first { "**{" } else { ", **{" });
         }
         for (k, pair) in kw.chunks_exact(2).enumerate() {
-            if k > 0 {
-                put(&mut self.out, ", ");
-            }
             let ident = match idents.get(k) {
                 Some(&id) => id,
                 None => self.key_ident(&pair[0], callee),
             };
-            match (all_plain, ident) {
-                (true, Some(id)) => {
-                    put(&mut self.out, id);
-                    self.out.push('=');
+            self.out.room(2 + 32 + 2 + 16);
+            // SAFETY: room for ", ", a key (a text, or an argument), ": " (or '=') and a value.
+            unsafe {
+                if k > 0 || (all_plain && !first) {
+                    self.out.raw(", ");
                 }
-                (_, Some(id)) => {
-                    literal::str_repr(&mut self.out, id);
-                    put(&mut self.out, ": ");
+                match (all_plain, ident) {
+                    (true, Some(id)) => {
+                        self.out.text(id);
+                        self.out.byte(b'=');
+                    }
+                    (_, Some(id)) => {
+                        self.out.with(|s| literal::str_repr(s, id));
+                        self.out.raw(": ");
+                    }
+                    (_, None) => {
+                        self.arg(&pair[0], names);
+                        self.out.raw(": ");
+                    }
                 }
-                (_, None) => {
-                    self.arg(&pair[0], names);
-                    put(&mut self.out, ": ");
-                }
+                self.arg(&pair[1], names);
             }
-            self.arg(&pair[1], names);
         }
-        if !all_plain {
-            self.out.push('}');
+        self.out.room(2);
+        // SAFETY: room for "})".
+        unsafe {
+            if !all_plain {
+                self.out.byte(b'}');
+            }
+            self.out.byte(b')');
         }
-        self.out.push(')');
     }
 
     /// The identifier keyword `key` is passed under (see [`kw_ident`]); None for a key that is
@@ -874,71 +928,95 @@ impl<'a> Emitter<'a> {
             },
         };
         self.last_float = Some((bits, s, l));
-        put(
-            &mut self.out,
-            &self.float_text[s as usize..(s + l) as usize],
-        );
+        self.out.room(32);
+        // SAFETY: room for a text.
+        unsafe {
+            self.out
+                .text(&self.float_text[s as usize..(s + l) as usize])
+        };
     }
 
-    fn items(&mut self, s: Span, names: &Names) {
+    /// The items of a tuple or list, comma-separated, leaving room for 2 bytes behind them.
+    ///
+    /// # Safety
+    /// There is room for 2 bytes.
+    unsafe fn items(&mut self, s: Span, names: &Names) {
         for (k, a) in self.p.args[s.range()].iter().enumerate() {
-            if k > 0 {
-                put(&mut self.out, ", ");
+            self.out.room(2 + 16 + 2);
+            // SAFETY: room for ", ", an argument and the 2 bytes.
+            unsafe {
+                if k > 0 {
+                    self.out.raw(", ");
+                }
+                self.arg(a, names);
             }
-            self.arg(a, names);
         }
     }
 
-    /// One argument. Node references (most arguments) are written here, inline in the caller;
-    /// everything else goes through [`Emitter::value`].
+    /// One argument. Node references (most arguments) and small ints are written here, inline
+    /// in the caller, unchecked; everything else goes through [`Emitter::value`].
+    ///
+    /// # Safety
+    /// There is room for 16 bytes.
     #[inline(always)]
-    fn arg(&mut self, a: &Arg, names: &Names) {
-        match *a {
-            Arg::Node(i) => names.put(&mut self.out, i),
-            Arg::Int(v @ 0..=99) => literal::small(&mut self.out, v as u8),
-            _ => self.value(a, names),
+    unsafe fn arg(&mut self, a: &Arg, names: &Names) {
+        // SAFETY: room for a name, two digits, or what `value` needs.
+        unsafe {
+            match *a {
+                Arg::Node(i) => self.out.name(names, i),
+                Arg::Int(v @ 0..=99) => self.out.small(v as u8),
+                _ => self.value(a, names),
+            }
         }
     }
 
+    /// Any argument; it leaves room for a window behind it, as checked appends do.
+    ///
+    /// # Safety
+    /// There is room for 16 bytes.
     #[inline(never)]
-    fn value(&mut self, a: &Arg, names: &Names) {
+    unsafe fn value(&mut self, a: &Arg, names: &Names) {
         let p = self.p;
-        match *a {
-            Arg::Node(i) => names.put(&mut self.out, i),
-            Arg::None => put(&mut self.out, "None"),
-            Arg::Bool(b) => put(&mut self.out, if b { "True" } else { "False" }),
-            Arg::Int(v) => literal::int(&mut self.out, v),
-            Arg::BigInt(s) => put(&mut self.out, p.str(s)),
-            Arg::Float(v) => self.float(v),
-            Arg::Str(s) => literal::str_repr(&mut self.out, p.str(s)),
-            Arg::Bytes(s) => literal::bytes_repr(&mut self.out, p.raw(s)),
-            Arg::Const(k) => self.const_ref(k),
-            Arg::Tuple(s) => {
-                self.out.push('(');
-                self.items(s, names);
-                if s.len == 1 {
-                    self.out.push(',');
+        // SAFETY (the unchecked appends): room for 16 bytes on entry; `items` and the dict's
+        // windows leave room for the closing bytes.
+        unsafe {
+            match *a {
+                Arg::Node(i) => self.out.name(names, i),
+                Arg::None => self.out.raw("None"),
+                Arg::Bool(b) => self.out.raw(if b { "True" } else { "False" }),
+                Arg::Int(v) => self.out.with(|s| literal::int(s, v)),
+                Arg::BigInt(s) => self.out.put(p.str(s)),
+                Arg::Float(v) => self.float(v),
+                Arg::Str(s) => self.out.with(|o| literal::str_repr(o, p.str(s))),
+                Arg::Bytes(s) => self.out.with(|o| literal::bytes_repr(o, p.raw(s))),
+                Arg::Const(k) => self.const_ref(k),
+                Arg::Tuple(s) => {
+                    self.out.byte(b'(');
+                    self.items(s, names);
+                    self.out.raw(if s.len == 1 { ",)" } else { ")" });
                 }
-                self.out.push(')');
-            }
-            Arg::List(s) => {
-                self.out.push('[');
-                self.items(s, names);
-                self.out.push(']');
-            }
-            Arg::Dict(s) => {
-                self.out.push('{');
-                for (k, pair) in p.args[s.range()].chunks_exact(2).enumerate() {
-                    if k > 0 {
-                        put(&mut self.out, ", ");
+                Arg::List(s) => {
+                    self.out.byte(b'[');
+                    self.items(s, names);
+                    self.out.byte(b']');
+                }
+                Arg::Dict(s) => {
+                    self.out.byte(b'{');
+                    for (k, pair) in p.args[s.range()].chunks_exact(2).enumerate() {
+                        self.out.room(2 + 16 + 2 + 16 + 1);
+                        // SAFETY: room for ", ", a key, ": ", a value and, after the last, '}'.
+                        if k > 0 {
+                            self.out.raw(", ");
+                        }
+                        self.arg(&pair[0], names);
+                        self.out.raw(": ");
+                        self.arg(&pair[1], names);
                     }
-                    self.arg(&pair[0], names);
-                    put(&mut self.out, ": ");
-                    self.arg(&pair[1], names);
+                    self.out.byte(b'}');
                 }
-                self.out.push('}');
             }
         }
+        self.out.room(WINDOW);
     }
 }
 

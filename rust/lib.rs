@@ -12,6 +12,7 @@ pub mod ir;
 pub mod literal;
 pub mod liveness;
 pub mod names;
+pub mod out;
 pub mod serial;
 pub mod stream;
 pub mod table;

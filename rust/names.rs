@@ -3,7 +3,6 @@
 
 use crate::helper::discard;
 use crate::ir::{Graph, Program};
-use crate::literal;
 use crate::table::Table;
 
 /// Python 3.11's keywords and soft keywords are all lower-case ASCII; `_` is excluded here.
@@ -522,26 +521,21 @@ impl<'a> Names<'a> {
         self.parts.get(self.base, i)
     }
 
-    /// Appends node `i`'s identifier to `out`: [`literal::put`], but a name of the program text
-    /// with 16 bytes of it from the name's start is copied as those 16 bytes (one move; the
-    /// bytes past the name land in spare capacity and are not part of the string).
+    /// Node `i`'s identifier as `Ok((16 bytes of the text from its start, its length))` when it
+    /// is a name of the program text at most 16 bytes long with 16 bytes of text from its
+    /// start (so it can be copied as one move, see [`crate::out::Out::name`]), else as
+    /// `Err(identifier)`.
     #[inline(always)]
-    pub fn put(&self, out: &mut String, i: u32) {
+    pub fn sixteen(&self, i: u32) -> std::result::Result<(u128, usize), &str> {
         let (s, l) = self.parts.spans[i as usize];
         if l <= 16 && s as usize + 16 <= self.base.len() {
-            // SAFETY: a span without the EXTRA mark covers a whole `&str` of `base` (see
-            // `NameParts::get`) and the 16 bytes read stay inside `base`; 16 bytes are reserved
-            // in `out`, and only the name's `l` bytes become part of it.
-            unsafe {
-                let v = out.as_mut_vec();
-                v.reserve(16);
-                let src = self.base.as_ptr().add(s as usize) as *const u128;
-                let dst = v.as_mut_ptr().add(v.len()) as *mut u128;
-                dst.write_unaligned(src.read_unaligned());
-                v.set_len(v.len() + l as usize);
-            }
+            // SAFETY: the 16 bytes read stay inside `base` (a span marked EXTRA is longer than
+            // 16 and never gets here).
+            let bytes =
+                unsafe { (self.base.as_ptr().add(s as usize) as *const u128).read_unaligned() };
+            Ok((bytes, l as usize))
         } else {
-            literal::put(out, self.get(i));
+            Err(self.get(i))
         }
     }
 }

@@ -1,0 +1,242 @@
+//! The emitter's output: a `String` whose hot appends skip the capacity check.
+//!
+//! A statement is some thirty appends of a few bytes each, and a `String` checks its capacity
+//! on every one. [`Out`] makes room once per *window* instead: [`Out::room`] reserves `n`
+//! bytes (at most [`WINDOW`]), and the unchecked appends after it write at most `n` bytes in
+//! all. Every checked append leaves room for a whole window behind it, so a window may contain
+//! checked appends (a long name, a string literal) anywhere.
+//!
+//! Measured on the criterion programs (one thread, 20k nodes), instructions per node: stitch
+//! 1,118 to 1,083, inline 1,103 to 1,045; the time at 100k nodes fell about 5% on both.
+
+use crate::literal;
+use crate::names::Names;
+
+/// The most room one window may ask for, and the room every checked append leaves.
+pub const WINDOW: usize = 64;
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub struct Out(String);
+
+impl Out {
+    pub fn with_capacity(n: usize) -> Out {
+        Out(String::with_capacity(n))
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Makes room for `n` bytes of unchecked appends.
+    #[inline(always)]
+    pub fn room(&mut self, n: usize) {
+        debug_assert!(n <= WINDOW);
+        self.0.reserve(n);
+    }
+
+    /// Appends `s` (checked).
+    pub fn put(&mut self, s: &str) {
+        literal::put(&mut self.0, s);
+        self.0.reserve(WINDOW);
+    }
+
+    /// Appends through `f` (checked).
+    #[inline]
+    pub fn with(&mut self, f: impl FnOnce(&mut String)) {
+        f(&mut self.0);
+        self.0.reserve(WINDOW);
+    }
+
+    /// Appends `s`, which is at most 32 bytes long.
+    ///
+    /// # Safety
+    /// There is room for `s.len()` bytes.
+    #[inline(always)]
+    pub unsafe fn raw(&mut self, s: &str) {
+        let n = s.len();
+        debug_assert!(n <= 32 && self.0.capacity() - self.0.len() >= n);
+        // SAFETY: the caller made room for `n` bytes; every copy below stays within `n` bytes
+        // of both ends, and `s` is appended whole, so the String stays UTF-8.
+        unsafe {
+            let v = self.0.as_mut_vec();
+            let dst = v.as_mut_ptr().add(v.len());
+            let src = s.as_ptr();
+            if n > 16 {
+                let tail = (src.add(n - 16) as *const u128).read_unaligned();
+                (dst as *mut u128).write_unaligned((src as *const u128).read_unaligned());
+                (dst.add(n - 16) as *mut u128).write_unaligned(tail);
+            } else if n >= 8 {
+                let tail = (src.add(n - 8) as *const u64).read_unaligned();
+                (dst as *mut u64).write_unaligned((src as *const u64).read_unaligned());
+                (dst.add(n - 8) as *mut u64).write_unaligned(tail);
+            } else if n >= 4 {
+                let tail = (src.add(n - 4) as *const u32).read_unaligned();
+                (dst as *mut u32).write_unaligned((src as *const u32).read_unaligned());
+                (dst.add(n - 4) as *mut u32).write_unaligned(tail);
+            } else if n > 0 {
+                // 1 to 3 bytes: first, middle and last cover them all.
+                *dst = *src;
+                *dst.add(n / 2) = *src.add(n / 2);
+                *dst.add(n - 1) = *src.add(n - 1);
+            }
+            v.set_len(v.len() + n);
+        }
+    }
+
+    /// Appends `s`: unchecked up to 32 bytes, checked beyond.
+    ///
+    /// # Safety
+    /// There is room for `s.len().min(32)` bytes.
+    #[inline(always)]
+    pub unsafe fn text(&mut self, s: &str) {
+        if s.len() <= 32 {
+            // SAFETY: as the caller promised.
+            unsafe { self.raw(s) }
+        } else {
+            self.put(s);
+        }
+    }
+
+    /// Appends the ASCII byte `b`.
+    ///
+    /// # Safety
+    /// There is room for one byte.
+    #[inline(always)]
+    pub unsafe fn byte(&mut self, b: u8) {
+        debug_assert!(b.is_ascii() && self.0.capacity() > self.0.len());
+        // SAFETY: room for one byte, which is ASCII, so the String stays UTF-8.
+        unsafe {
+            let v = self.0.as_mut_vec();
+            *v.as_mut_ptr().add(v.len()) = b;
+            v.set_len(v.len() + 1);
+        }
+    }
+
+    /// Appends `d` (below 100) in decimal.
+    ///
+    /// # Safety
+    /// There is room for two bytes.
+    #[inline(always)]
+    pub unsafe fn small(&mut self, d: u8) {
+        debug_assert!(d < 100);
+        // SAFETY: room for the one or two ASCII digits written.
+        unsafe {
+            if d < 10 {
+                self.byte(b'0' + d);
+            } else {
+                self.byte(b'0' + d / 10);
+                self.byte(b'0' + d % 10);
+            }
+        }
+    }
+
+    /// Appends node `i`'s identifier: up to 16 bytes unchecked (see [`Names::sixteen`]),
+    /// checked beyond.
+    ///
+    /// # Safety
+    /// There is room for 16 bytes.
+    #[inline(always)]
+    pub unsafe fn name(&mut self, names: &Names, i: u32) {
+        match names.sixteen(i) {
+            Ok((bytes, len)) => {
+                debug_assert!(self.0.capacity() - self.0.len() >= 16);
+                // SAFETY: room for 16 bytes, of which the first `len` (a whole identifier,
+                // which is ASCII) become part of the String; the rest is spare capacity.
+                unsafe {
+                    let v = self.0.as_mut_vec();
+                    (v.as_mut_ptr().add(v.len()) as *mut u128).write_unaligned(bytes);
+                    v.set_len(v.len() + len);
+                }
+            }
+            Err(s) => self.put(s),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Program;
+
+    #[test]
+    fn unchecked_appends_of_every_length_and_checked_ones_leave_a_window() {
+        let text = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+        let mut want = String::new();
+        let mut out = Out::default();
+        for n in 0..=text.len() {
+            let s = &text[..n];
+            if n <= 32 {
+                out.room(n);
+                // SAFETY: room for `n` bytes was just made.
+                unsafe { out.raw(s) };
+                out.room(32);
+                // SAFETY: room for 32 bytes was just made.
+                unsafe { out.text(s) };
+            } else {
+                // SAFETY: a checked append needs no room...
+                unsafe { out.text(s) };
+                // ...and leaves a window.
+                assert!(out.0.capacity() - out.len() >= WINDOW);
+                out.put(s);
+            }
+            want.push_str(s);
+            want.push_str(s);
+            for d in [0, 7, 10, 42, 99] {
+                out.room(2);
+                // SAFETY: room for two bytes was just made.
+                unsafe { out.small(d) };
+                want.push_str(&d.to_string());
+            }
+        }
+        assert_eq!(out.as_str(), want);
+    }
+
+    #[test]
+    fn names_are_copied_whole_or_through_the_checked_path() {
+        // Renamed names (kept apart from the program text) take the checked path.
+        let names = Names::from_list(&["a", "long_name_of_twenty", "x1", "é"]);
+        let mut out = Out::default();
+        for i in 0..4 {
+            out.room(16);
+            // SAFETY: room for 16 bytes was just made.
+            unsafe { out.name(&names, i) };
+        }
+        assert_eq!(out.as_str(), "along_name_of_twentyx1é");
+
+        // Names of the program text: one move when 16 bytes of text follow their start (the
+        // first three), else checked (a long one, and the last, at the end of the text).
+        let mut p = Program::default();
+        let g = p.add_graph();
+        let want = ["x", "sixteen_bytes_ab", "name_of_more_than_16", "y", "tail"];
+        for name in want {
+            p.add_placeholder(g, name, None);
+        }
+        let names = Names::own(&p, &p.graphs[g as usize]);
+        assert!(names.sixteen(0).is_ok() && names.sixteen(2).is_err());
+        assert!(names.sixteen(4).is_err());
+        let mut out = Out::default();
+        for (i, name) in want.iter().enumerate() {
+            out.room(16);
+            // SAFETY: room for 16 bytes was just made.
+            unsafe { out.name(&names, i as u32) };
+            out.room(1);
+            // SAFETY: room for a byte was just made.
+            unsafe { out.byte(b' ') };
+            assert!(out.as_str().ends_with(&format!("{name} ")));
+        }
+        assert_eq!(out.as_str(), want.join(" ") + " ");
+    }
+}
