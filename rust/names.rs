@@ -321,6 +321,34 @@ pub fn is_identifier(s: &[u8]) -> bool {
     }
 }
 
+/// [`is_identifier`] for the `len` bytes at `text[at..]`, all 16 at once where 16 bytes of
+/// `text` start there (most node names are shorter than 16 bytes).
+#[inline]
+fn is_identifier_at(text: &[u8], at: usize, len: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(block) = text.get(at..at + 16) {
+        if (1..=16).contains(&len) {
+            // SAFETY: SSE2 is part of x86_64; the load reads the 16 bytes of `block`.
+            unsafe {
+                use std::arch::x86_64::*;
+                let v = _mm_loadu_si128(block.as_ptr() as *const __m128i);
+                // Unsigned `x - lo < n` as a signed compare of bytes biased by 0x80.
+                let below = |x: __m128i, lo: u8, n: u8| {
+                    let biased = _mm_add_epi8(x, _mm_set1_epi8(0x80u8.wrapping_sub(lo) as i8));
+                    _mm_cmplt_epi8(biased, _mm_set1_epi8(0x80u8.wrapping_add(n) as i8))
+                };
+                let letter = below(_mm_or_si128(v, _mm_set1_epi8(0x20)), b'a', 26);
+                let digit = below(v, b'0', 10);
+                let under = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'_' as i8));
+                let ok = _mm_movemask_epi8(_mm_or_si128(_mm_or_si128(letter, digit), under));
+                let want = ((1u32 << len) - 1) as i32;
+                return ok & want == want && _mm_movemask_epi8(digit) & 1 == 0;
+            }
+        }
+    }
+    text.get(at..at + len).is_some_and(is_identifier)
+}
+
 /// Whether a dotted call-target name is safe to write: identifiers only, rooted at `torch`,
 /// `operator` or an allowed builtin.
 pub fn check_call_name(name: &str) -> Result<(), String> {
@@ -617,7 +645,7 @@ impl Assigner {
     /// name when it is allowed and free, else a sanitized form with the first free `_N` suffix.
     fn add(&mut self, base: &str, h: u64, raw: &str, at: u32, reserved: &Reserved) {
         let idx = self.parts.spans.len() as u32;
-        if is_identifier(raw.as_bytes())
+        if is_identifier_at(base.as_bytes(), at as usize, raw.len())
             && raw.len() < EXTRA as usize
             && !reserved.is_reserved_h(h, raw)
             && !self.claim(base, h, raw, idx)
@@ -798,6 +826,37 @@ mod tests {
         ] {
             assert!(!is_keyword(s), "{s}");
         }
+    }
+
+    #[test]
+    fn identifiers_checked_sixteen_bytes_at_a_time_agree() {
+        // Every byte value at every position of names of 1 to 16 bytes, followed by more text.
+        let mut text = Vec::new();
+        let mut cases = Vec::new();
+        for len in 1..=16usize {
+            for pos in 0..len {
+                for b in 0..=255u8 {
+                    let mut name = vec![b'a'; len];
+                    name[pos] = b;
+                    cases.push((text.len(), len));
+                    text.extend_from_slice(&name);
+                }
+            }
+        }
+        text.extend_from_slice(b"tail_of_sixteen_");
+        for &(at, len) in &cases {
+            let want = is_identifier(&text[at..at + len]);
+            assert_eq!(
+                is_identifier_at(&text, at, len),
+                want,
+                "{:?}",
+                &text[at..at + len]
+            );
+        }
+        let long = b"tail_of_sixteen_xx";
+        assert!(is_identifier_at(long, 0, 4) && is_identifier_at(long, 2, 16));
+        assert!(!is_identifier_at(b"1ail_of_sixteen_xx", 0, 4) && !is_identifier_at(b"1abc", 0, 4));
+        assert!(!is_identifier_at(b"", 0, 0) && !is_identifier_at(long, 0, 0));
     }
 
     #[test]
