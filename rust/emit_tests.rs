@@ -427,3 +427,118 @@ fn two_threads_emit_the_same_source() {
         }
     }
 }
+
+/// Long items in every place the emitter writes in windows of unchecked appends (`crate::out`):
+/// names, keys, call targets and method names of 16, 17, 32, 33 and more bytes, long strings,
+/// containers, a long `del` line, and statements in both layouts. The expected source is what
+/// the emitter wrote before it had windows (every append checked).
+fn long_items() -> Program {
+    let mut p = Program::default();
+    let g = p.add_graph();
+    let s = p.add_submod("a_submodule_whose_name_is_long_too", SubmodKind::Opaque);
+    let names = [
+        "a_placeholder_name_longer_than_32_b",
+        "b_sixteen_bytes_",
+        "c_seventeen_bytes",
+        "d_thirty_two_bytes_long_exactly_",
+        "e_thirty_three_bytes_long_exactly",
+    ];
+    let ps: Vec<u32> = names
+        .iter()
+        .map(|n| p.add_placeholder(g, n, None))
+        .collect();
+    let refs: Vec<Arg> = (0..12).map(|k| Arg::Node(ps[k % ps.len()])).collect();
+    let many = p.list(&refs);
+    let text = "it's \"quoted\"\\ and\nlong é€ ".repeat(2);
+    let long_str = Arg::Str(p.push_str(&text));
+    let big = Arg::BigInt(p.push_str("-98765432109876543210987654321"));
+    let strs = p.tuple(&[long_str, big, Arg::Float(-2.2250738585072014e-308)]);
+    let pairs: Vec<(Arg, Arg)> = (0..3)
+        .map(|k| {
+            let key = format!("key number {k} with spaces and a long tail");
+            (Arg::Str(p.push_str(&key)), Arg::Node(ps[k % ps.len()]))
+        })
+        .collect();
+    let dict = p.dict(&pairs);
+    let target =
+        Target::Name(p.push_str("torch.ops.aten.an_operator_with_a_very_long_name.default"));
+    let c = p.add_node(
+        g,
+        Op::CallFunction,
+        "c_call_result_named_at_length_40_bytes__",
+        target,
+        &[Arg::Node(ps[0]), Arg::Node(ps[1]), many, strs],
+        &[
+            ("k", Arg::Int(1)),
+            ("a_keyword_that_is_long_enough_40_chars__", Arg::Node(ps[2])),
+            ("sixteen_char_key", Arg::Float(0.5)),
+            ("key_of_thirty_three_bytes_exactly", dict),
+        ],
+    );
+    let m = Target::Method(p.push_str("a_method_name_that_is_quite_long_too"));
+    let d = p.add_node(
+        g,
+        Op::CallMethod,
+        "d",
+        m,
+        &[Arg::Node(c), Arg::Node(ps[3]), Arg::Node(ps[4])],
+        &[("not an identifier", Arg::Node(ps[0]))],
+    );
+    let e = p.add_node(
+        g,
+        Op::CallModule,
+        "e_fused_call_of_a_long_named_child",
+        Target::Submod(s),
+        &[Arg::Node(d)],
+        &[],
+    );
+    let f = p.add_node(
+        g,
+        Op::CallFunction,
+        "getitem",
+        Target::Getitem,
+        &[Arg::Node(e), Arg::Int(0)],
+        &[],
+    );
+    let out = p.tuple(&[Arg::Node(f), Arg::Node(ps[1])]);
+    p.add_output(g, out);
+    p
+}
+
+#[test]
+fn long_items_in_every_window() {
+    assert_emits!(
+        long_items(),
+        native(),
+        r#"import torch
+import operator
+
+def execution_fn(a_placeholder_name_longer_than_32_b, b_sixteen_bytes_, c_seventeen_bytes, d_thirty_two_bytes_long_exactly_, e_thirty_three_bytes_long_exactly):
+    c_call_result_named_at_length_40_bytes__ = torch.ops.aten.an_operator_with_a_very_long_name.default(a_placeholder_name_longer_than_32_b, b_sixteen_bytes_, [a_placeholder_name_longer_than_32_b, b_sixteen_bytes_, c_seventeen_bytes, d_thirty_two_bytes_long_exactly_, e_thirty_three_bytes_long_exactly, a_placeholder_name_longer_than_32_b, b_sixteen_bytes_, c_seventeen_bytes, d_thirty_two_bytes_long_exactly_, e_thirty_three_bytes_long_exactly, a_placeholder_name_longer_than_32_b, b_sixteen_bytes_], ('it\'s "quoted"\\ and\nlong \xe9\u20ac it\'s "quoted"\\ and\nlong \xe9\u20ac ', -98765432109876543210987654321, -2.2250738585072014e-308), k=1, a_keyword_that_is_long_enough_40_chars__=c_seventeen_bytes, sixteen_char_key=0.5, key_of_thirty_three_bytes_exactly={'key number 0 with spaces and a long tail': a_placeholder_name_longer_than_32_b, 'key number 1 with spaces and a long tail': b_sixteen_bytes_, 'key number 2 with spaces and a long tail': c_seventeen_bytes})
+    del c_seventeen_bytes
+    d = c_call_result_named_at_length_40_bytes__.a_method_name_that_is_quite_long_too(d_thirty_two_bytes_long_exactly_, e_thirty_three_bytes_long_exactly, **{'not an identifier': a_placeholder_name_longer_than_32_b})
+    del a_placeholder_name_longer_than_32_b, d_thirty_two_bytes_long_exactly_, e_thirty_three_bytes_long_exactly, c_call_result_named_at_length_40_bytes__
+    getitem = __fx_s0(d)[0]
+    del d
+    return (getitem, b_sixteen_bytes_)
+"#
+    );
+    assert_emits!(
+        long_items(),
+        vllm(),
+        r#"import torch
+import operator
+
+def execution_fn(a_placeholder_name_longer_than_32_b, b_sixteen_bytes_, c_seventeen_bytes, d_thirty_two_bytes_long_exactly_, e_thirty_three_bytes_long_exactly, *, __vllm_submods__):
+    c_call_result_named_at_length_40_bytes__ = torch.ops.aten.an_operator_with_a_very_long_name.default(a_placeholder_name_longer_than_32_b, b_sixteen_bytes_, [a_placeholder_name_longer_than_32_b, b_sixteen_bytes_, c_seventeen_bytes, d_thirty_two_bytes_long_exactly_, e_thirty_three_bytes_long_exactly, a_placeholder_name_longer_than_32_b, b_sixteen_bytes_, c_seventeen_bytes, d_thirty_two_bytes_long_exactly_, e_thirty_three_bytes_long_exactly, a_placeholder_name_longer_than_32_b, b_sixteen_bytes_], ('it\'s "quoted"\\ and\nlong \xe9\u20ac it\'s "quoted"\\ and\nlong \xe9\u20ac ', -98765432109876543210987654321, -2.2250738585072014e-308), k=1, a_keyword_that_is_long_enough_40_chars__=c_seventeen_bytes, sixteen_char_key=0.5, key_of_thirty_three_bytes_exactly={'key number 0 with spaces and a long tail': a_placeholder_name_longer_than_32_b, 'key number 1 with spaces and a long tail': b_sixteen_bytes_, 'key number 2 with spaces and a long tail': c_seventeen_bytes})
+    del c_seventeen_bytes
+    d = c_call_result_named_at_length_40_bytes__.a_method_name_that_is_quite_long_too(d_thirty_two_bytes_long_exactly_, e_thirty_three_bytes_long_exactly, **{'not an identifier': a_placeholder_name_longer_than_32_b})
+    del a_placeholder_name_longer_than_32_b, d_thirty_two_bytes_long_exactly_, e_thirty_three_bytes_long_exactly, c_call_result_named_at_length_40_bytes__
+    e_fused_call_of_a_long_named_child = __vllm_submods__[0](d)
+    del d
+    getitem = e_fused_call_of_a_long_named_child[0]
+    del e_fused_call_of_a_long_named_child
+    return (getitem, b_sixteen_bytes_)
+"#
+    );
+}

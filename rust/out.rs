@@ -17,47 +17,85 @@ pub const WINDOW: usize = 64;
 
 /// See the module documentation.
 #[derive(Debug, Default)]
-pub struct Out(String);
+pub struct Out {
+    s: String,
+    /// With debug assertions: the room the window in progress still has, by its own count (the
+    /// `String` usually has more spare capacity, so counting is what catches a window that asks
+    /// for too little).
+    #[cfg(debug_assertions)]
+    left: usize,
+}
 
 impl Out {
     pub fn with_capacity(n: usize) -> Out {
-        Out(String::with_capacity(n))
+        Out {
+            s: String::with_capacity(n),
+            ..Out::default()
+        }
     }
 
     pub fn into_string(self) -> String {
-        self.0
+        self.s
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.s
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.s.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.s.is_empty()
     }
 
-    /// Makes room for `n` bytes of unchecked appends.
+    /// Makes room for `n` bytes of unchecked appends: a new window.
     #[inline(always)]
     pub fn room(&mut self, n: usize) {
         debug_assert!(n <= WINDOW);
-        self.0.reserve(n);
+        self.s.reserve(n);
+        #[cfg(debug_assertions)]
+        {
+            self.left = n;
+        }
+    }
+
+    /// Counts `n` bytes of unchecked appends against the window, `need` of which must be spare.
+    #[inline(always)]
+    fn take(&mut self, need: usize, n: usize) {
+        debug_assert!(self.s.capacity() - self.s.len() >= need);
+        #[cfg(debug_assertions)]
+        {
+            assert!(
+                self.left >= need,
+                "a window of unchecked appends is too small"
+            );
+            self.left -= n;
+        }
+        let _ = n;
+    }
+
+    /// After a checked append: room for a window.
+    fn refill(&mut self) {
+        self.s.reserve(WINDOW);
+        #[cfg(debug_assertions)]
+        {
+            self.left = WINDOW;
+        }
     }
 
     /// Appends `s` (checked).
     pub fn put(&mut self, s: &str) {
-        literal::put(&mut self.0, s);
-        self.0.reserve(WINDOW);
+        literal::put(&mut self.s, s);
+        self.refill();
     }
 
     /// Appends through `f` (checked).
     #[inline]
     pub fn with(&mut self, f: impl FnOnce(&mut String)) {
-        f(&mut self.0);
-        self.0.reserve(WINDOW);
+        f(&mut self.s);
+        self.refill();
     }
 
     /// Appends `s`, which is at most 32 bytes long.
@@ -67,11 +105,12 @@ impl Out {
     #[inline(always)]
     pub unsafe fn raw(&mut self, s: &str) {
         let n = s.len();
-        debug_assert!(n <= 32 && self.0.capacity() - self.0.len() >= n);
+        debug_assert!(n <= 32);
+        self.take(n, n);
         // SAFETY: the caller made room for `n` bytes; every copy below stays within `n` bytes
         // of both ends, and `s` is appended whole, so the String stays UTF-8.
         unsafe {
-            let v = self.0.as_mut_vec();
+            let v = self.s.as_mut_vec();
             let dst = v.as_mut_ptr().add(v.len());
             let src = s.as_ptr();
             if n > 16 {
@@ -116,10 +155,11 @@ impl Out {
     /// There is room for one byte.
     #[inline(always)]
     pub unsafe fn byte(&mut self, b: u8) {
-        debug_assert!(b.is_ascii() && self.0.capacity() > self.0.len());
+        debug_assert!(b.is_ascii());
+        self.take(1, 1);
         // SAFETY: room for one byte, which is ASCII, so the String stays UTF-8.
         unsafe {
-            let v = self.0.as_mut_vec();
+            let v = self.s.as_mut_vec();
             *v.as_mut_ptr().add(v.len()) = b;
             v.set_len(v.len() + 1);
         }
@@ -152,11 +192,11 @@ impl Out {
     pub unsafe fn name(&mut self, names: &Names, i: u32) {
         match names.sixteen(i) {
             Ok((bytes, len)) => {
-                debug_assert!(self.0.capacity() - self.0.len() >= 16);
+                self.take(16, len);
                 // SAFETY: room for 16 bytes, of which the first `len` (a whole identifier,
                 // which is ASCII) become part of the String; the rest is spare capacity.
                 unsafe {
-                    let v = self.0.as_mut_vec();
+                    let v = self.s.as_mut_vec();
                     (v.as_mut_ptr().add(v.len()) as *mut u128).write_unaligned(bytes);
                     v.set_len(v.len() + len);
                 }
@@ -189,7 +229,7 @@ mod tests {
                 // SAFETY: a checked append needs no room...
                 unsafe { out.text(s) };
                 // ...and leaves a window.
-                assert!(out.0.capacity() - out.len() >= WINDOW);
+                assert!(out.s.capacity() - out.len() >= WINDOW);
                 out.put(s);
             }
             want.push_str(s);
