@@ -408,8 +408,6 @@ pub struct Extractor<'py> {
     stream: Option<(&'static str, String)>,
     /// The nodes the current node references, in order.
     refs: Vec<u32>,
-    /// Names and last uses of the graphs the helper worked out.
-    pub streamed: Vec<Streamed>,
 }
 
 /// Node object -> index in its graph, for the nodes read so far.
@@ -514,32 +512,44 @@ impl<'py> Extractor<'py> {
             helper: None,
             stream: None,
             refs: Vec::new(),
-            streamed: Vec::new(),
         })
     }
 
     /// Has the names and last uses of large graphs worked out on the helper thread while they
-    /// are read, for emitting with `layout` ([`Extractor::streamed`]).
+    /// are read, for emitting with `layout` ([`Extractor::take_streamed`]).
     pub fn stream_for(&mut self, layout: &Layout) {
         self.stream = Some((layout.style.prefix(), layout.fn_name.to_string()));
     }
 
-    /// Extracts `gm` as the root graph and every plain GraphModule child it calls.
+    /// Extracts `gm` as the root graph and every plain GraphModule child it calls. With
+    /// [`Extractor::stream_for`], the helper may still be finishing the names and last uses:
+    /// [`Extractor::take_streamed`] waits for them.
     pub fn run(&mut self, gm: &Bound<'py, PyAny>) -> PyResult<()> {
         // After an error the helper is joined when the extractor is dropped.
         self.graph(gm, "", 0)?;
+        // Every node is in: the helper finishes while this thread checks the nodes (and the
+        // caller the layout). It lives on, handing scratch memory back, until the extractor is
+        // dropped.
+        if let Some(h) = &mut self.helper {
+            h.close();
+        }
         self.prog.n_consts = self.pool.objects.len() as u32;
         // Arguments are valid by construction (earlier nodes of the same graph, slots of this
         // pool, strings from Python); the per-node rules still need checking.
         for gi in 0..self.prog.graphs.len() as u32 {
             self.prog.check_shapes(gi)?;
         }
-        // The helper lives on (handing scratch memory back) until the extractor is dropped.
-        if let Some(h) = &mut self.helper {
-            self.streamed = h.finish();
-        }
         debug_assert!(self.prog.validate().is_ok());
         Ok(())
+    }
+
+    /// The names and last uses the helper worked out for the graphs it was handed (none
+    /// without [`Extractor::stream_for`] or a helper), once it has finished them.
+    pub fn take_streamed(&mut self) -> Vec<Streamed> {
+        match &mut self.helper {
+            Some(h) => h.finish(),
+            None => Vec::new(),
+        }
     }
 
     fn graph(&mut self, gm: &Bound<'py, PyAny>, prefix: &str, depth: usize) -> PyResult<u32> {

@@ -124,11 +124,17 @@ impl Helper {
         }
     }
 
+    /// Tells the helper no more work is coming: it finishes the names and last uses of every
+    /// graph streamed (and populates nothing more).
+    pub fn close(&mut self) {
+        drop(self.tx.take());
+    }
+
     /// Ends the helper's work: the names and last uses of every graph streamed, or none if the
     /// thread failed (whose work the emitter then does itself). The thread may still be
     /// handing scratch memory back; it is joined on drop.
     pub fn finish(&mut self) -> Vec<Streamed> {
-        drop(self.tx.take());
+        self.close();
         let streamed = self.done.recv().unwrap_or_default();
         // Every batch has come back by now.
         while let Ok(b) = self.spare.try_recv() {

@@ -151,7 +151,8 @@ mod core_ext {
         ex.stream_for(&layout);
         ex.run(gm)?;
         check_layout(&ex.prog, &layout)?;
-        let (prog, streamed) = (&ex.prog, std::mem::take(&mut ex.streamed));
+        let streamed = ex.take_streamed();
+        let prog = &ex.prog;
         let code = py.detach(|| emit_streamed(prog, &layout, default_threads(), streamed));
         let names = submod_list(py, &mut ex)?;
         let out = write_back(py, &ex.pool, consts, const_index)?;
