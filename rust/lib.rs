@@ -63,43 +63,54 @@ mod core_ext {
     }
 
     /// The generated source (in pieces) as one Python str. Emitted code is ASCII (every
-    /// non-ASCII character of a literal is escaped), so the common case copies bytes straight
-    /// into a compact ASCII string instead of decoding UTF-8.
+    /// non-ASCII character of a literal is escaped), so the pieces are copied straight into a
+    /// compact ASCII string, each checked right after it is copied (while it is in cache;
+    /// checking the whole source first cost a pass over it); should one not be ASCII, the
+    /// string is dropped and the source decoded as UTF-8 instead.
     fn source_str<'py, S: AsRef<str>>(
         py: Python<'py>,
         parts: &[S],
     ) -> PyResult<Bound<'py, PyString>> {
-        if !parts.iter().all(|s| s.as_ref().is_ascii()) {
-            let joined: String = parts.iter().map(AsRef::as_ref).collect();
-            return Ok(PyString::new(py, &joined));
-        }
         let len: usize = parts.iter().map(|s| s.as_ref().len()).sum();
         // SAFETY: PyUnicode_New(n, 127) makes a compact ASCII string with an n-byte buffer,
-        // filled completely below before anything else can see the object.
+        // filled completely below before anything else can see the object, and dropped (zeroed
+        // first) unless every byte written is ASCII.
         unsafe {
             let obj = pyo3::ffi::PyUnicode_New(len as pyo3::ffi::Py_ssize_t, 127);
             if obj.is_null() {
                 return Err(PyErr::fetch(py));
             }
-            let mut data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
-            // A large source lands in fresh pages: fault in all but the first quarter on
-            // another thread while this one copies (joined when it drops, after the copy).
-            let _helper = (len >= PREFAULT_MIN_BYTES && default_threads() > 1)
-                .then(|| Helper::start(None))
-                .flatten()
-                .inspect(|pf| {
-                    let (start, end) = (data as usize + len / 4, data as usize + len);
-                    for at in (start..end).step_by(CHUNK) {
-                        pf.request(at, (at + CHUNK).min(end));
-                    }
-                });
-            for s in parts {
-                let s = s.as_ref();
-                std::ptr::copy_nonoverlapping(s.as_ptr(), data, s.len());
-                data = data.add(s.len());
+            let data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
+            let obj = Bound::from_owned_ptr(py, obj);
+            let ascii = {
+                // A large source lands in fresh pages: fault in all but the first quarter on
+                // another thread while this one copies (joined when it drops, after the copy).
+                let _helper = (len >= PREFAULT_MIN_BYTES && default_threads() > 1)
+                    .then(|| Helper::start(None))
+                    .flatten()
+                    .inspect(|pf| {
+                        let (start, end) = (data as usize + len / 4, data as usize + len);
+                        for at in (start..end).step_by(CHUNK) {
+                            pf.request(at, (at + CHUNK).min(end));
+                        }
+                    });
+                let mut at = data;
+                let mut ascii = true;
+                for s in parts {
+                    let s = s.as_ref().as_bytes();
+                    std::ptr::copy_nonoverlapping(s.as_ptr(), at, s.len());
+                    ascii &= s.is_ascii();
+                    at = at.add(s.len());
+                }
+                ascii
+            };
+            if ascii {
+                return Ok(obj.cast_into_unchecked());
             }
-            Ok(Bound::from_owned_ptr(py, obj).cast_into_unchecked())
+            std::ptr::write_bytes(data, 0, len);
         }
+        let joined: String = parts.iter().map(AsRef::as_ref).collect();
+        Ok(PyString::new(py, &joined))
     }
 
     fn submod_names(p: &crate::Program) -> Vec<String> {
