@@ -21,6 +21,13 @@ impl Liveness {
     }
 }
 
+/// `n` zeros in a vector with room for `cap`.
+fn zeros(n: usize, cap: usize) -> Vec<u32> {
+    let mut v = Vec::with_capacity(cap);
+    v.resize(n, 0);
+    v
+}
+
 const NEVER: u32 = u32::MAX;
 const RETURNED: u32 = u32::MAX - 1;
 
@@ -29,8 +36,8 @@ pub fn compute(p: &Program, g: &Graph) -> Liveness {
     let mut b = Builder {
         last: vec![NEVER; n],
         uses: vec![0; n],
-        start: vec![0; n],
-        list: vec![0; n],
+        start: zeros(n, n + 2),
+        list: zeros(n, n),
         outputs: Vec::new(),
         now: 0,
     };
@@ -66,7 +73,7 @@ impl Builder {
         Builder {
             last: Vec::with_capacity(n),
             uses: Vec::with_capacity(n),
-            start: Vec::with_capacity(n + 1),
+            start: Vec::with_capacity(n + 2),
             list: Vec::with_capacity(n),
             outputs: Vec::new(),
             now: 0,
