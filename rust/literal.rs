@@ -5,58 +5,65 @@
 /// instead of through a `memcpy` call, which dominates the cost of a 10-byte append.
 #[inline(always)]
 pub fn put(out: &mut String, s: &str) {
-    let n = s.len();
-    if n > 16 {
+    if s.len() > 16 {
         put_long(out, s);
         return;
     }
-    // SAFETY: `s` is UTF-8 and is appended whole, so the String stays UTF-8; the reserve makes
-    // room for 16 bytes after the current length, and every copy below stays within `s` and
-    // within `n <= 16` bytes of the destination.
+    // SAFETY: the reserve makes room for the at most 16 bytes appended.
+    unsafe {
+        out.as_mut_vec().reserve(16);
+        append_short(out, s);
+    }
+}
+
+/// [`put`] for more than 16 bytes: [`append_short`] up to 32 (dotted call targets such as
+/// `torch.ops.aten.add.Tensor`), else `push_str`.
+#[inline(never)]
+fn put_long(out: &mut String, s: &str) {
+    if s.len() > 32 {
+        out.push_str(s);
+        return;
+    }
+    // SAFETY: the reserve makes room for the at most 32 bytes appended.
+    unsafe {
+        out.as_mut_vec().reserve(32);
+        append_short(out, s);
+    }
+}
+
+/// Appends `s` (at most 32 bytes) without checking the capacity, in at most two overlapping
+/// moves and no loop.
+///
+/// # Safety
+/// `out` has room for `s.len()` more bytes.
+#[inline(always)]
+pub unsafe fn append_short(out: &mut String, s: &str) {
+    let n = s.len();
+    debug_assert!(n <= 32 && out.capacity() - out.len() >= n);
+    // SAFETY: the caller made room for `n` bytes; every copy below stays within `n` bytes of
+    // both ends, and `s` is appended whole, so the String stays UTF-8.
     unsafe {
         let v = out.as_mut_vec();
-        v.reserve(16);
         let dst = v.as_mut_ptr().add(v.len());
         let src = s.as_ptr();
-        if n >= 8 {
-            let head = (src as *const u64).read_unaligned();
+        if n > 16 {
+            let tail = (src.add(n - 16) as *const u128).read_unaligned();
+            (dst as *mut u128).write_unaligned((src as *const u128).read_unaligned());
+            (dst.add(n - 16) as *mut u128).write_unaligned(tail);
+        } else if n >= 8 {
             let tail = (src.add(n - 8) as *const u64).read_unaligned();
-            (dst as *mut u64).write_unaligned(head);
+            (dst as *mut u64).write_unaligned((src as *const u64).read_unaligned());
             (dst.add(n - 8) as *mut u64).write_unaligned(tail);
         } else if n >= 4 {
-            let head = (src as *const u32).read_unaligned();
             let tail = (src.add(n - 4) as *const u32).read_unaligned();
-            (dst as *mut u32).write_unaligned(head);
+            (dst as *mut u32).write_unaligned((src as *const u32).read_unaligned());
             (dst.add(n - 4) as *mut u32).write_unaligned(tail);
         } else if n > 0 {
-            // 1 to 3 bytes: first, middle and last cover them all, without a loop.
+            // 1 to 3 bytes: first, middle and last cover them all.
             *dst = *src;
             *dst.add(n / 2) = *src.add(n / 2);
             *dst.add(n - 1) = *src.add(n - 1);
         }
-        v.set_len(v.len() + n);
-    }
-}
-
-/// [`put`] for more than 16 bytes: two overlapping 16-byte copies up to 32 (dotted call
-/// targets such as `torch.ops.aten.add.Tensor`), else `push_str`.
-#[inline(never)]
-fn put_long(out: &mut String, s: &str) {
-    let n = s.len();
-    if n > 32 {
-        out.push_str(s);
-        return;
-    }
-    // SAFETY: as in `put`, for `16 < n <= 32` bytes and a 32-byte reserve.
-    unsafe {
-        let v = out.as_mut_vec();
-        v.reserve(32);
-        let dst = v.as_mut_ptr().add(v.len());
-        let src = s.as_ptr();
-        let head = (src as *const u128).read_unaligned();
-        let tail = (src.add(n - 16) as *const u128).read_unaligned();
-        (dst as *mut u128).write_unaligned(head);
-        (dst.add(n - 16) as *mut u128).write_unaligned(tail);
         v.set_len(v.len() + n);
     }
 }
@@ -72,7 +79,7 @@ pub fn int(out: &mut String, v: i64) {
 
 /// Writes `d` (below 100) in decimal.
 #[inline(always)]
-pub fn small(out: &mut String, d: u8) {
+fn small(out: &mut String, d: u8) {
     if d < 10 {
         out.push(char::from(b'0' + d));
     } else {

@@ -107,32 +107,8 @@ impl Out {
         let n = s.len();
         debug_assert!(n <= 32);
         self.take(n, n);
-        // SAFETY: the caller made room for `n` bytes; every copy below stays within `n` bytes
-        // of both ends, and `s` is appended whole, so the String stays UTF-8.
-        unsafe {
-            let v = self.s.as_mut_vec();
-            let dst = v.as_mut_ptr().add(v.len());
-            let src = s.as_ptr();
-            if n > 16 {
-                let tail = (src.add(n - 16) as *const u128).read_unaligned();
-                (dst as *mut u128).write_unaligned((src as *const u128).read_unaligned());
-                (dst.add(n - 16) as *mut u128).write_unaligned(tail);
-            } else if n >= 8 {
-                let tail = (src.add(n - 8) as *const u64).read_unaligned();
-                (dst as *mut u64).write_unaligned((src as *const u64).read_unaligned());
-                (dst.add(n - 8) as *mut u64).write_unaligned(tail);
-            } else if n >= 4 {
-                let tail = (src.add(n - 4) as *const u32).read_unaligned();
-                (dst as *mut u32).write_unaligned((src as *const u32).read_unaligned());
-                (dst.add(n - 4) as *mut u32).write_unaligned(tail);
-            } else if n > 0 {
-                // 1 to 3 bytes: first, middle and last cover them all.
-                *dst = *src;
-                *dst.add(n / 2) = *src.add(n / 2);
-                *dst.add(n - 1) = *src.add(n - 1);
-            }
-            v.set_len(v.len() + n);
-        }
+        // SAFETY: the caller made room for `n` bytes.
+        unsafe { literal::append_short(&mut self.s, s) }
     }
 
     /// Appends `s`: unchecked up to 32 bytes, checked beyond.
