@@ -46,36 +46,23 @@ class Generated(NamedTuple):
     """``consts[i]`` is constant-pool slot ``i``."""
 
 
-def _qualified_candidates(obj: Any) -> list[str]:
-    """Names that may denote ``obj`` where the code runs: ``torch.ops`` overloads and packets,
-    ``operator`` functions and builtins (the only kinds the core writes by name)."""
-    name = getattr(obj, "__name__", None)
-    module = getattr(obj, "__module__", None)
+def _candidate(obj: Any) -> tuple[Any, str, tuple[str, ...]] | None:
+    """Where a name for ``obj`` would point where the code runs, as (root object, the root's
+    name with its dot, attribute path): ``torch.ops`` overloads and packets, ``operator``
+    functions and builtins, the only kinds the core writes by name."""
     if isinstance(obj, torch._ops.OpOverload):
-        return [f"torch.ops.{obj.namespace}.{obj._opname}.{obj._overloadname}"]
+        return torch.ops, "torch.ops.", (obj.namespace, obj._opname, obj._overloadname)
     if isinstance(obj, torch._ops.OpOverloadPacket):
-        return [f"torch.ops.{obj._qualified_op_name.replace('::', '.')}"]
-    if isinstance(name, str) and module in ("_operator", "operator"):
-        return [f"operator.{name}"]
-    if isinstance(name, str) and module == "builtins":
-        return [name]
-    return []
-
-
-_ROOTS = {"torch": torch, "operator": operator}
-
-
-def _lookup(text: str) -> Any:
-    head, *rest = text.split(".")
-    if head in _ROOTS:
-        obj = _ROOTS[head]
-    elif hasattr(builtins, head) and not rest:
-        obj = getattr(builtins, head)
-    else:
-        raise LookupError(text)
-    for part in rest:
-        obj = getattr(obj, part)
-    return obj
+        return torch.ops, "torch.ops.", tuple(obj._qualified_op_name.split("::"))
+    name = getattr(obj, "__name__", None)
+    if not isinstance(name, str):
+        return None
+    module = getattr(obj, "__module__", None)
+    if module in ("_operator", "operator"):
+        return operator, "operator.", (name,)
+    if module == "builtins":
+        return builtins, "", (name,)
+    return None
 
 
 def _resolve_target(obj: Any) -> str | None:
@@ -86,15 +73,19 @@ def _resolve_target(obj: Any) -> str | None:
     constant pool. The core further keeps names to what untrusted serialized input may name
     (``torch.ops.*``, pure ``operator`` functions, pure builtins) and pools the rest, so
     ``emit(serialize(gm))`` always accepts what ``generate(gm)`` accepts. Called by the Rust
-    core once per distinct call target.
+    core once per distinct call target, so on small graphs its cost shows: the path is
+    walked with plain ``getattr`` calls, no text is split or joined until it is known good.
     """
-    for text in _qualified_candidates(obj):
-        try:
-            if _lookup(text) is obj:
-                return text
-        except (LookupError, AttributeError, RuntimeError):
-            continue
-    return None
+    found = _candidate(obj)
+    if found is None:
+        return None
+    at, prefix, path = found
+    try:
+        for part in path:
+            at = getattr(at, part)
+    except (LookupError, AttributeError, RuntimeError):
+        return None
+    return prefix + ".".join(path) if at is obj else None
 
 
 def generate(split_gm: torch.fx.GraphModule) -> Generated:
