@@ -160,8 +160,8 @@ def test_peak_memory_probe() -> None:
 def test_cli_writes_table_and_json(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
     rc = cli.main(
-        ["--shape", "stitch,inline", "--sizes", "30", "--repeat", "1", "--no-memory", "-q"]
-        + ["--json", str(out)]
+        ["--shape", "stitch,inline", "--sizes", "30", "--repeat", "1", "--min-time", "0"]
+        + ["--no-memory", "-q", "--json", str(out)]
     )
     assert rc == 0
     table = capsys.readouterr().out
@@ -171,7 +171,21 @@ def test_cli_writes_table_and_json(tmp_path: Any, capsys: pytest.CaptureFixture[
     for r in data["rows"]:
         assert set(r["ns_per_node"]) == set(IMPLS)
         assert r["ratios"]["reference/fxcodegen"] > 0
+    assert data["min_time_s"] == 0
+    assert all(n == 1 for r in data["rows"] for n in r["runs"].values())
     assert cli.main(["--shape", "nope"]) == 2
+
+
+def test_measure_adds_rounds_until_min_time() -> None:
+    gm = workloads.stitch(4).gm
+    calls: list[str] = []
+    impls = {"a": lambda g: calls.append("a"), "b": lambda g: calls.append("b")}
+    # No minimum: exactly `repeat` interleaved rounds.
+    assert {k: len(v) for k, v in runner.measure(gm, impls, 3).items()} == {"a": 3, "b": 3}
+    # A minimum no round can reach: rounds stop at the cap, every implementation in each.
+    times = runner.measure(gm, impls, 3, min_time_s=3600, max_rounds=7)
+    assert {k: len(v) for k, v in times.items()} == {"a": 7, "b": 7}
+    assert calls.count("a") == calls.count("b") == 10
 
 
 def test_parse_sizes() -> None:
@@ -213,7 +227,8 @@ def test_plot_script(tmp_path: Any) -> None:
     spec.loader.exec_module(plot)
     data = tmp_path / "r.json"
     rc = cli.main(
-        ["--shape", "stitch", "--sizes", "20,40", "--repeat", "1", "--no-memory", "-q"]
+        ["--shape", "stitch", "--sizes", "20,40", "--repeat", "1", "--min-time", "0"]
+        + ["--no-memory", "-q"]
         + ["--json", str(data)]
     )
     assert rc == 0

@@ -7,8 +7,9 @@ Examples::
     python -m fxcodegen bench --shape runtime
     python -m fxcodegen bench --json benches/results.json      # also write the table as JSON
 
-Times are medians of ``--repeat`` interleaved runs, in ns per node (nodes of the stitching graph
-plus those of inlined children). Ratios compare implementations measured in the same process.
+Times are medians of at least ``--repeat`` interleaved runs (more on small graphs, see
+``--min-time``), in ns per node (nodes of the stitching graph plus those of inlined children).
+Ratios compare implementations measured in the same process.
 """
 
 from __future__ import annotations
@@ -70,7 +71,17 @@ def _parser() -> argparse.ArgumentParser:
         default="fxcodegen,reference,torch.fx,floor",
         help="implementations to time (torch.fx takes ~30 µs/node: drop it for 1M nodes)",
     )
-    p.add_argument("--repeat", type=int, default=5, help="interleaved runs per size (median)")
+    p.add_argument(
+        "--repeat", type=int, default=5, help="interleaved runs per size, at least (median)"
+    )
+    p.add_argument(
+        "--min-time",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="keep adding rounds (up to 101) until a size has been timed this long (default 10): "
+        "more runs where each is cheap",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--runtime-layers", type=int, default=128, help="children for --shape runtime")
@@ -176,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": runner.machine(),
         "repeat": args.repeat,
+        "min_time_s": args.min_time,
         "rows": rows,
     }
     for shape in shapes:
@@ -190,7 +202,13 @@ def main(argv: list[str] | None = None) -> int:
             shape_sizes = sizes
         for size in shape_sizes:
             row = runner.run_shape(
-                shape, size, impls, args.repeat, memory=not args.no_memory, log=log
+                shape,
+                size,
+                impls,
+                args.repeat,
+                memory=not args.no_memory,
+                min_time_s=args.min_time,
+                log=log,
             )
             rows.append(row.as_dict())
     if rows:

@@ -115,12 +115,18 @@ def measure(
     impls: dict[str, Callable[[fx.GraphModule], Any]],
     repeat: int,
     budget_s: float = 60.0,
+    min_time_s: float = 0.0,
+    max_rounds: int = 101,
 ) -> dict[str, list[float]]:
     """Seconds per run of each implementation: ``repeat`` interleaved rounds, each one
-    dropping implementations whose runs so far exceed ``budget_s`` (at least one run each)."""
+    dropping implementations whose runs so far exceed ``budget_s`` (at least one run each).
+    Rounds go on past ``repeat`` until ``min_time_s`` has passed (at most ``max_rounds``): on
+    small graphs a run takes under a millisecond and a median of five is mostly noise."""
     times: dict[str, list[float]] = {name: [] for name in impls}
     names = list(impls)
-    for r in range(repeat):
+    start = time.perf_counter()
+    r = 0
+    while r < repeat or (time.perf_counter() - start < min_time_s and r < max_rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             if times[name] and sum(times[name]) > budget_s:
@@ -132,6 +138,7 @@ def measure(
             t1 = time.perf_counter_ns()
             del result
             times[name].append((t1 - t0) / 1e9)
+        r += 1
     return times
 
 
@@ -250,6 +257,7 @@ def run_shape(
     repeat: int,
     memory: bool = True,
     compile_repeat: int | None = None,
+    min_time_s: float = 0.0,
     log: Callable[[str], None] = lambda s: None,
 ) -> Row:
     t0 = time.perf_counter()
@@ -260,7 +268,7 @@ def run_shape(
     for fn in impls.values():
         fn(small.gm)
     row = Row(shape, size, wl.num_nodes, meta={k: v for k, v in wl.meta.items() if k != "expected"})
-    times = measure(wl.gm, impls, repeat)
+    times = measure(wl.gm, impls, repeat, min_time_s=min_time_s)
     for name, ts in times.items():
         med = statistics.median(ts)
         row.runs[name] = len(ts)
