@@ -4,7 +4,6 @@
 //! [`crate::liveness::compute`] look at. Their results are the same as if computed after the
 //! read; the emitter then only writes statements.
 
-use crate::helper::discard;
 use crate::ir::Span;
 use crate::liveness::{Builder, Liveness};
 use crate::names::{NameParts, Namer, Reserved};
@@ -43,13 +42,6 @@ impl Batch {
         self.text.clear();
         self.nodes.clear();
         self.refs.clear();
-    }
-
-    /// Drops the batch, handing its buffers' pages back to the system first.
-    pub fn discard(self) {
-        discard(self.text.into_bytes());
-        discard(self.nodes);
-        discard(self.refs);
     }
 
     /// Adds a node whose name, at `at` in the program text, was copied to [`Batch::text`] first.
