@@ -671,10 +671,7 @@ impl<'py> Extractor<'py> {
             });
             if let (Some(b), Some(h)) = (&mut batch, &self.helper) {
                 b.push(name, op == Op::Output, &self.refs);
-                // The last nodes go in quarter batches: the helper then has less left to do
-                // once the read ends.
-                let left = n_nodes.saturating_sub(nodes.len());
-                if b.nodes.len() == BATCH || (b.nodes.len() == BATCH / 4 && left < BATCH) {
+                if b.nodes.len() == BATCH {
                     h.send(std::mem::replace(b, h.batch(gi, n_nodes)));
                 }
             }
