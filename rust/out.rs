@@ -28,11 +28,10 @@ pub struct Out {
 
 impl Out {
     pub fn with_capacity(n: usize) -> Out {
-        // `left` exists only with debug assertions: the update is empty without them.
-        #[allow(clippy::needless_update)]
         Out {
             s: String::with_capacity(n),
-            ..Out::default()
+            #[cfg(debug_assertions)]
+            left: 0,
         }
     }
 
