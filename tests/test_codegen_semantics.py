@@ -521,6 +521,53 @@ def test_call_targets_by_name_or_pool(surface: str) -> None:
     assert got[10] == -1 and got[11] == "fake" and got[12] == "fake-torch"
 
 
+def _two_targets_gm() -> fx.GraphModule:
+    g = fx.Graph()
+    x = g.placeholder("x")
+    g.output((g.call_function(operator.mul, (x, 3)), g.call_function(user_fn, (1, 2))))
+    return raw_gm(g)
+
+
+def test_resolver_answers_are_kept_across_calls() -> None:
+    from fxcodegen import _core
+    from fxcodegen.codegen import _resolve_target
+
+    asked: list[Any] = []
+
+    def resolver(obj: Any) -> str | None:
+        asked.append(obj)
+        return _resolve_target(obj)
+
+    gm = _two_targets_gm()
+    first = _core.generate(gm, resolver, "native", "execution_fn", True)
+    assert {id(o) for o in asked} == {id(operator.mul), id(user_fn)}
+    asked.clear()
+    # A kept name is used again; a target that went to the pool is asked about again.
+    again = _core.generate(gm, resolver, "native", "execution_fn", True)
+    assert [id(o) for o in asked] == [id(user_fn)] and again[0] == first[0]
+    assert "operator.mul(" in again[0] and any(c is user_fn for c in again[2])
+    # Names are kept per resolver: another resolver object is asked.
+    asked.clear()
+    other = lambda obj: asked.append(obj) or _resolve_target(obj)  # noqa: E731
+    assert _core.generate(gm, other, "native", "execution_fn", True)[0] == first[0]
+    assert len(asked) == 2
+
+
+def test_kept_names_are_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    gm = _two_targets_gm()
+    mul = operator.mul
+    assert "operator.mul(" in fxcodegen.generate(gm).code
+    # Once `operator.mul` names another object, the kept name no longer leads to the target:
+    # it goes to the pool, and the code still calls the original.
+    monkeypatch.setattr(operator, "mul", lambda a, b: "impostor")
+    code, names, consts = fxcodegen.generate(gm)
+    assert "operator.mul(" not in code and any(c is mul for c in consts)
+    out = fxcodegen.compile_execution_fn(code, {}, names, consts)(torch.tensor([2.0]))
+    torch.testing.assert_close(out[0], torch.tensor([6.0]))
+    monkeypatch.undo()
+    assert "operator.mul(" in fxcodegen.generate(gm).code
+
+
 GETITEM_CASES = [
     (0, "int"),
     (-1, "negative int"),
