@@ -732,13 +732,19 @@ impl Namer {
         }
     }
 
-    /// Names the next node, whose name is `name`, found at `at` in the program text.
-    pub fn add(&mut self, name: &str, at: u32, reserved: &Reserved) {
+    /// Names the next node, whose name is `name` (of [`hash_bytes`] `h`), found at `at` in the
+    /// program text.
+    pub fn add(&mut self, name: &str, h: u64, at: u32, reserved: &Reserved) {
         let local = self.text.len() as u32;
         self.text.push_str(name);
         self.at.push(at);
-        let h = hash_bytes(name.as_bytes());
         self.a.add(&self.text, h, name, local, reserved);
+    }
+
+    /// Asks the CPU to start loading the uniqueness-table slot of a name hashing to `h`.
+    #[inline]
+    pub fn prefetch(&self, h: u64) {
+        self.a.used.prefetch(h);
     }
 
     /// The names, with kept ones moved from the copies to the program text. What remains in

@@ -6,7 +6,7 @@
 
 use crate::ir::Span;
 use crate::liveness::{Builder, Liveness};
-use crate::names::{NameParts, Namer, Reserved};
+use crate::names::{hash_bytes, NameParts, Namer, Reserved};
 
 /// How many nodes go to the helper at a time.
 pub const BATCH: usize = 4096;
@@ -63,11 +63,16 @@ pub struct Streamed {
     pub live: Liveness,
 }
 
+/// How many nodes ahead [`Streams::take`] loads a name's uniqueness-table slot.
+const AHEAD: usize = 8;
+
 /// Per graph, the names and last uses of the nodes handed over so far.
 pub struct Streams {
     prefix: &'static str,
     fn_name: String,
     graphs: Vec<(u32, Namer, Builder)>,
+    /// Scratch: the hashes of a batch's names.
+    hashes: Vec<u64>,
 }
 
 impl Streams {
@@ -77,6 +82,7 @@ impl Streams {
             prefix,
             fn_name: fn_name.to_string(),
             graphs: Vec::new(),
+            hashes: Vec::new(),
         }
     }
 
@@ -96,10 +102,27 @@ impl Streams {
             prefix: self.prefix,
             fn_name: &self.fn_name,
         };
-        let (mut t, mut r) = (0, 0);
+        // The names' hashes first, so that each one's slot in the uniqueness table can be
+        // loaded a few nodes ahead: at a million nodes that table outgrows the caches, and
+        // without it the helper fell behind the reader.
+        let mut hashes = std::mem::take(&mut self.hashes);
+        hashes.clear();
+        let mut t = 0;
         for node in &b.nodes {
             let len = node.name.len as usize;
-            namer.add(&b.text[t..t + len], node.name.start, &reserved);
+            hashes.push(hash_bytes(&b.text.as_bytes()[t..t + len]));
+            t += len;
+        }
+        for &h in hashes.iter().take(AHEAD) {
+            namer.prefetch(h);
+        }
+        let (mut t, mut r) = (0, 0);
+        for (k, node) in b.nodes.iter().enumerate() {
+            if let Some(&h) = hashes.get(k + AHEAD) {
+                namer.prefetch(h);
+            }
+            let len = node.name.len as usize;
+            namer.add(&b.text[t..t + len], hashes[k], node.name.start, &reserved);
             t += len;
             live.push(node.output);
             for &i in &b.refs[r..r + node.refs as usize] {
@@ -107,6 +130,7 @@ impl Streams {
             }
             r += node.refs as usize;
         }
+        self.hashes = hashes;
     }
 
     /// Every graph's names and last uses; what remains is scratch: [`Streams::discard`] it.
