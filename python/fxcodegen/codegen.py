@@ -75,6 +75,8 @@ def _resolve_target(obj: Any) -> str | None:
     ``emit(serialize(gm))`` always accepts what ``generate(gm)`` accepts. Called by the Rust
     core once per distinct call target, so on small graphs its cost shows: the path is
     walked with plain ``getattr`` calls, no text is split or joined until it is known good.
+    The core keeps the names this returns across calls and asks again only when a kept name
+    no longer leads to its target (or for targets it pooled).
     """
     found = _candidate(obj)
     if found is None:
