@@ -437,18 +437,25 @@ impl Answers {
         if !Self::walk(root.as_any(), &path, t) {
             return;
         }
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let map = map.get_or_insert_with(FxHashMap::default);
-        if map.len() >= ANSWERS_MAX {
-            map.clear();
-        }
         let answer = Answer {
             _keys: [resolver.clone().unbind(), t.clone().unbind()],
             name: name.to_string(),
             root: root.into_any().unbind(),
             path,
         };
-        map.insert((resolver.as_ptr() as usize, t.as_ptr() as usize), answer);
+        let key = (resolver.as_ptr() as usize, t.as_ptr() as usize);
+        let _dropped = {
+            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let map = map.get_or_insert_with(FxHashMap::default);
+            let full = map.len() >= ANSWERS_MAX;
+            let evicted = if full {
+                std::mem::take(map)
+            } else {
+                FxHashMap::default()
+            };
+            (evicted, map.insert(key, answer))
+        };
+        // Dropped here, outside the lock: a last reference may run Python code.
     }
 
     /// Whether the attributes `path` lead from `root` to `t`.

@@ -553,6 +553,36 @@ def test_resolver_answers_are_kept_across_calls() -> None:
     assert len(asked) == 2
 
 
+class _ReenteringResolver:
+    """A resolver whose finalizer generates code: dropping it must not happen while the core
+    holds its table of kept names (it would deadlock re-entering it)."""
+
+    finalized = 0
+
+    def __call__(self, obj: Any) -> str | None:
+        from fxcodegen.codegen import _resolve_target
+
+        return _resolve_target(obj)
+
+    def __del__(self) -> None:
+        fxcodegen.generate(_two_targets_gm())
+        type(self).finalized += 1
+
+
+# A deadlock holds no Python frame that a signal could interrupt: time out from a thread.
+@pytest.mark.timeout(120, method="thread")
+def test_kept_names_are_dropped_outside_their_lock() -> None:
+    from fxcodegen import _core
+
+    gm = _two_targets_gm()
+    # Each resolver's last reference is the kept name's entry; past the table's size (4,096
+    # entries) the entries are dropped, and with them the resolvers.
+    for _ in range(4100):
+        _core.generate(gm, _ReenteringResolver(), "native", "execution_fn", True)
+    gc.collect()
+    assert _ReenteringResolver.finalized >= 4000
+
+
 def test_kept_names_are_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
     gm = _two_targets_gm()
     mul = operator.mul
