@@ -10,7 +10,7 @@ use std::{panic, thread};
 use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
-use crate::ir::{Arg, Graph, Node, Op, Program, Span, SubmodKind, Target};
+use crate::ir::{Arg, Graph, Node, Op, Program, Slot, Span, SubmodKind, Target};
 use crate::literal;
 use crate::liveness::{self, Liveness};
 use crate::names::{self, Names, Reserved};
@@ -177,7 +177,9 @@ pub fn emit_streamed(
     streamed: Vec<Streamed>,
 ) -> Source {
     let nodes: usize = p.graphs.iter().map(|g| g.nodes.len()).sum();
-    let per_node = 40 + 2 * p.text.len() / nodes.max(1);
+    // Generous (untouched capacity costs address space, not memory): regrowing copies the
+    // source (inline 1k: 74 bytes a node, 6.5 of text).
+    let per_node = 64 + 2 * p.text.len() / nodes.max(1);
     let mut e = Emitter::new(p, layout, 256 + nodes * per_node);
     e.threads = threads;
     e.per_node = per_node;
@@ -205,7 +207,7 @@ pub fn emit_streamed(
 
 /// Writes one argument as it would appear inside the given function's names (used for
 /// vLLM's `_node_ref`).
-pub fn format_arg(p: &Program, arg: &Arg, names: &Names, style: Style) -> String {
+pub fn format_arg(p: &Program, arg: Arg, names: &Names, style: Style) -> String {
     let layout = Layout {
         style,
         fn_name: "execution_fn",
@@ -215,7 +217,7 @@ pub fn format_arg(p: &Program, arg: &Arg, names: &Names, style: Style) -> String
     let mut e = Emitter::new(p, &layout, 0);
     e.out.room(16);
     // SAFETY: room for an argument.
-    unsafe { e.arg(arg, names) };
+    unsafe { e.value(arg, names) };
     e.out.into_string()
 }
 
@@ -233,7 +235,7 @@ fn fuses(p: &Program, style: Style, g: &Graph, live: &Liveness, j: usize) -> boo
                 && next.target == Target::Getitem
                 && next.args.len == 2
                 && next.kwargs.len == 0
-                && p.args[next.args.start as usize] == Arg::Node(j as u32)
+                && p.args[next.args.start as usize].node() == Some(j as u32)
         })
 }
 
@@ -435,7 +437,7 @@ impl<'a> Emitter<'a> {
                 // SAFETY: room for '=' and an argument.
                 unsafe {
                     self.out.byte(b'=');
-                    self.arg(&p.args[node.args.start as usize], &names);
+                    self.arg(p.args[node.args.start as usize], &names);
                 }
             }
         }
@@ -615,7 +617,7 @@ impl<'a> Emitter<'a> {
                 // SAFETY: room for '[', an argument and "]\n".
                 unsafe {
                     self.out.byte(b'[');
-                    self.arg(&p.args[next.args.start as usize + 1], names);
+                    self.arg(p.args[next.args.start as usize + 1], names);
                     self.out.raw("]\n");
                 }
                 self.dels(live.after(j), live.after(j + 1), j as u32, names);
@@ -675,7 +677,7 @@ impl<'a> Emitter<'a> {
                     self.out.raw("    return ");
                     match node.args.len {
                         0 => self.out.raw("None"),
-                        _ => self.arg(&self.p.args[node.args.start as usize], names),
+                        _ => self.arg(self.p.args[node.args.start as usize], names),
                     }
                     self.out.byte(b'\n');
                 }
@@ -713,17 +715,17 @@ impl<'a> Emitter<'a> {
                     && node.kwargs.len == 0
                     // `None[0]`, `True[0]`, `1[0]` compile with a SyntaxWarning: call instead.
                     && !matches!(
-                        p.args[node.args.start as usize],
+                        p.arg(node.args.start as usize),
                         Arg::None | Arg::Bool(_) | Arg::Int(_) | Arg::BigInt(_) | Arg::Float(_)
                     ) =>
             {
-                let a = &p.args[node.args.start as usize..][..2];
+                let at = node.args.start as usize;
                 self.out.room(18 + 18);
                 // SAFETY: room for a receiver, then '[', an argument and ']'.
                 unsafe {
-                    self.receiver(&a[0], names);
+                    self.receiver(p.args[at], names);
                     self.out.byte(b'[');
-                    self.arg(&a[1], names);
+                    self.arg(p.args[at + 1], names);
                     self.out.byte(b']');
                 }
             }
@@ -743,7 +745,7 @@ impl<'a> Emitter<'a> {
                 self.out.room(18 + 1 + 32);
                 // SAFETY: room for a receiver, '.' and a text.
                 unsafe {
-                    self.receiver(&p.args[node.args.start as usize], names);
+                    self.receiver(p.args[node.args.start as usize], names);
                     self.out.byte(b'.');
                     self.out.text(p.str(m));
                 }
@@ -764,10 +766,13 @@ impl<'a> Emitter<'a> {
     /// # Safety
     /// There is room for 18 bytes.
     #[inline(always)]
-    unsafe fn receiver(&mut self, a: &Arg, names: &Names) {
+    unsafe fn receiver(&mut self, a: Slot, names: &Names) {
         // SAFETY: room for '(', an argument and ')'.
         unsafe {
-            if !matches!(a, Arg::Int(_) | Arg::BigInt(_) | Arg::Float(_)) {
+            if !matches!(
+                self.p.unpack(a),
+                Arg::Int(_) | Arg::BigInt(_) | Arg::Float(_)
+            ) {
                 self.arg(a, names);
             } else {
                 self.out.byte(b'(');
@@ -786,7 +791,7 @@ impl<'a> Emitter<'a> {
         // SAFETY: room for '('.
         unsafe { self.out.byte(b'(') };
         let mut first = true;
-        for a in &p.args[args.range()] {
+        for &a in p.slots(args) {
             self.out.room(2 + 16);
             // SAFETY: room for ", " and an argument.
             unsafe {
@@ -805,7 +810,6 @@ impl<'a> Emitter<'a> {
         }
         let params = callee.map(|g| self.params(g));
         let callee = params.as_deref().map(Vec::as_slice);
-        let kw = &p.args[kwargs.range()];
         // Each key's identifier, found once (for the first `KEYS` keys; the rest are looked up
         // again below).
         const KEYS: usize = 8;
@@ -813,8 +817,9 @@ impl<'a> Emitter<'a> {
         // All keys pass as `key=value`, or (when one cannot) all go through one `**{...}` in
         // graph order, so a callee taking `**kwargs` sees the traced order either way.
         let mut all_plain = true;
+        let kw = p.slots(kwargs);
         for (k, pair) in kw.chunks_exact(2).enumerate() {
-            let id = self.key_ident(&pair[0], callee);
+            let id = self.key_ident(pair[0], callee);
             if let Some(slot) = idents.get_mut(k) {
                 *slot = id;
             }
@@ -826,7 +831,7 @@ impl<'a> Emitter<'a> {
         for (k, pair) in kw.chunks_exact(2).enumerate() {
             let ident = match idents.get(k) {
                 Some(&id) => id,
-                None => self.key_ident(&pair[0], callee),
+                None => self.key_ident(pair[0], callee),
             };
             self.out.room(2 + 32 + 2 + 16);
             // SAFETY: room for ", ", a key (a text, or an argument), ": " (or '=') and a value.
@@ -844,11 +849,11 @@ impl<'a> Emitter<'a> {
                         self.out.raw(": ");
                     }
                     (_, None) => {
-                        self.arg(&pair[0], names);
+                        self.arg(pair[0], names);
                         self.out.raw(": ");
                     }
                 }
-                self.arg(&pair[1], names);
+                self.arg(pair[1], names);
             }
         }
         self.out.room(2);
@@ -867,14 +872,14 @@ impl<'a> Emitter<'a> {
     #[inline(always)]
     fn key_ident<'s>(
         &mut self,
-        key: &Arg,
+        key: Slot,
         callee: Option<&'s [(String, String)]>,
     ) -> Option<&'s str>
     where
         'a: 's,
     {
         let p = self.p;
-        let &Arg::Str(key) = key else { return None };
+        let key = p.str_span(key)?;
         if callee.is_some() {
             return kw_ident(p.str(key), callee);
         }
@@ -941,7 +946,7 @@ impl<'a> Emitter<'a> {
     /// # Safety
     /// There is room for 2 bytes.
     unsafe fn items(&mut self, s: Span, names: &Names) {
-        for (k, a) in self.p.args[s.range()].iter().enumerate() {
+        for (k, &a) in self.p.slots(s).iter().enumerate() {
             self.out.room(2 + 16 + 2);
             // SAFETY: room for ", ", an argument and the 2 bytes.
             unsafe {
@@ -959,13 +964,15 @@ impl<'a> Emitter<'a> {
     /// # Safety
     /// There is room for 16 bytes.
     #[inline(always)]
-    unsafe fn arg(&mut self, a: &Arg, names: &Names) {
+    unsafe fn arg(&mut self, a: Slot, names: &Names) {
         // SAFETY: room for a name, two digits, or what `value` needs.
         unsafe {
-            match *a {
-                Arg::Node(i) => self.out.name(names, i),
-                Arg::Int(v @ 0..=99) => self.out.small(v as u8),
-                _ => self.value(a, names),
+            if let Some(i) = a.node() {
+                self.out.name(names, i);
+            } else if let Some(v @ 0..=99) = a.int() {
+                self.out.small(v as u8);
+            } else {
+                self.value(self.p.unpack(a), names);
             }
         }
     }
@@ -975,12 +982,12 @@ impl<'a> Emitter<'a> {
     /// # Safety
     /// There is room for 16 bytes.
     #[inline(never)]
-    unsafe fn value(&mut self, a: &Arg, names: &Names) {
+    unsafe fn value(&mut self, a: Arg, names: &Names) {
         let p = self.p;
         // SAFETY (the unchecked appends): room for 16 bytes on entry; `items` and the dict's
         // windows leave room for the closing bytes.
         unsafe {
-            match *a {
+            match a {
                 Arg::Node(i) => self.out.name(names, i),
                 Arg::None => self.out.raw("None"),
                 Arg::Bool(b) => self.out.raw(if b { "True" } else { "False" }),
@@ -1002,15 +1009,15 @@ impl<'a> Emitter<'a> {
                 }
                 Arg::Dict(s) => {
                     self.out.byte(b'{');
-                    for (k, pair) in p.args[s.range()].chunks_exact(2).enumerate() {
+                    for (k, pair) in p.slots(s).chunks_exact(2).enumerate() {
                         self.out.room(2 + 16 + 2 + 16 + 1);
                         // SAFETY: room for ", ", a key, ": ", a value and, after the last, '}'.
                         if k > 0 {
                             self.out.raw(", ");
                         }
-                        self.arg(&pair[0], names);
+                        self.arg(pair[0], names);
                         self.out.raw(": ");
-                        self.arg(&pair[1], names);
+                        self.arg(pair[1], names);
                     }
                     self.out.byte(b'}');
                 }

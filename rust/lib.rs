@@ -254,7 +254,7 @@ mod core_ext {
             .map(|node| Ok(node.getattr("name")?.str()?.to_string()))
             .collect::<PyResult<Vec<String>>>()?;
         let names = Names::from_list(&list);
-        let text = format_arg(&ex.prog, &a, &names, style);
+        let text = format_arg(&ex.prog, a, &names, style);
         write_back(py, &ex.pool, Some(consts), Some(const_index))?;
         Ok(text)
     }

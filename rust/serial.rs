@@ -65,7 +65,7 @@ impl Writer<'_> {
     fn args(&mut self, s: Span) {
         self.varint(s.len as u64);
         for k in s.range() {
-            self.arg(self.p.args[k]);
+            self.arg(self.p.arg(k));
         }
     }
 
@@ -114,7 +114,7 @@ impl Writer<'_> {
                 self.out.push(12);
                 self.varint(s.len as u64 / 2);
                 for k in s.range() {
-                    self.arg(self.p.args[k]);
+                    self.arg(self.p.arg(k));
                 }
             }
         }
@@ -174,7 +174,7 @@ pub fn write(p: &Program) -> Vec<u8> {
             w.args(n.args);
             w.varint(n.kwargs.len as u64 / 2);
             for k in n.kwargs.range() {
-                w.arg(p.args[k]);
+                w.arg(p.arg(k));
             }
         }
     }
@@ -275,7 +275,7 @@ impl<'a> Reader<'a> {
         let span = self.p.reserve_args(n);
         for k in 0..n {
             let a = self.arg(ctx, depth)?;
-            self.p.args[span.start as usize + k] = a;
+            self.p.set_arg(span.start as usize + k, a);
         }
         Ok(span)
     }
@@ -427,8 +427,8 @@ pub fn read(data: &[u8]) -> Result<Program> {
                 }
                 let v = r.arg(&ctx, 0)?;
                 let slot = kwargs.start as usize + 2 * k;
-                r.p.args[slot] = key;
-                r.p.args[slot + 1] = v;
+                r.p.set_arg(slot, key);
+                r.p.set_arg(slot + 1, v);
             }
             nodes.push(Node {
                 op,
