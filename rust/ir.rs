@@ -1,6 +1,6 @@
 //! The node list: a program of graphs (the root plus inlined children) in flat arenas.
 //!
-//! Strings live in one byte arena and container arguments in one argument arena, so reading a
+//! Strings live in one byte arena and arguments in one arena of 8-byte slots, so reading a
 //! graph allocates per arena growth, not per node. A `Program` that passed [`Program::validate`]
 //! can always be emitted.
 
