@@ -48,9 +48,9 @@ pub enum Arg {
 ///
 /// The low 4 bits are a tag. Node and constant indices, bools and span starts sit in the high 32
 /// bits, a span's length in bits 4..32; ints that fit in 60 bits are shifted left by 4; a float
-/// whose low 4 bits are zero (0.5, 1.0, 1e-3 is not) keeps its bits with the tag in them. The
-/// rest (other ints and floats, spans of 2^28 items or more) go to [`Program::wide`], the slot
-/// holding their index there. [`Program::arg`] turns a slot back into an [`Arg`].
+/// whose low 4 bits are zero (0.5, 1.0 and inf are; 1e-3 is not) keeps its bits with the tag in
+/// them. The rest (other ints and floats, spans of 2^28 items or more) go to [`Program::wide`],
+/// the slot holding their index there. [`Program::arg`] turns a slot back into an [`Arg`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Slot(u64);
 
@@ -77,7 +77,7 @@ mod tag {
     pub const WIDE_SPAN: u64 = 14;
 }
 
-/// The longest span a slot holds itself.
+/// Spans of this many items or more go to [`Program::wide`].
 const SPAN_LEN_LIMIT: u32 = 1 << 28;
 
 impl Slot {
@@ -284,6 +284,7 @@ impl Program {
         }
     }
 
+    /// [`Program::pack`] for what it does not settle inline (its ints and floats go wide).
     #[inline(never)]
     fn pack_rest(&mut self, a: Arg) -> Slot {
         match a {
