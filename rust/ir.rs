@@ -260,12 +260,6 @@ impl Program {
         &self.args[s.range()]
     }
 
-    /// The arguments in `s`.
-    #[inline(always)]
-    pub fn args_in(&self, s: Span) -> impl ExactSizeIterator<Item = Arg> + '_ {
-        self.args[s.range()].iter().map(|&a| self.unpack(a))
-    }
-
     /// Sets argument `k` of the arena.
     #[inline(always)]
     pub fn set_arg(&mut self, k: usize, a: Arg) {
@@ -390,17 +384,10 @@ impl Program {
         }
     }
 
-    /// Whether [`Program::unpack`] reads `s` as it was packed (a known tag, an index inside
-    /// [`Program::wide`]).
-    fn slot_ok(&self, s: Slot) -> bool {
-        match s.tag() {
-            tag::WIDE_INT | tag::WIDE_FLOAT => (s.high() as usize) < self.wide.len(),
-            tag::WIDE_SPAN => {
-                (s.high() as usize) < self.wide.len()
-                    && (tag::BIG_INT..=tag::DICT).contains(&((s.0 >> 4) & 15))
-            }
-            t => t < tag::WIDE_INT || (tag::BIG_INT..=tag::DICT).contains(&t),
-        }
+    /// Whether `a`, which [`Program::unpack`] read from `s`, is what `s` was packed from: an
+    /// unknown tag or an index past [`Program::wide`] unpacks to a `None` not packed as one.
+    fn unpacked_ok(s: Slot, a: Arg) -> bool {
+        a != Arg::None || s.tag() == tag::NONE
     }
 
     /// Reserves `n` argument slots (filled later with [`Program::set_arg`]).
@@ -730,8 +717,9 @@ impl Program {
         if depth > MAX_DEPTH {
             return Err(self.node_error(node, "arguments nest too deeply"));
         }
-        for (a, &slot) in self.args_in(span).zip(&self.args[span.range()]) {
-            if !self.slot_ok(slot) {
+        for &slot in self.slots(span) {
+            let a = self.unpack(slot);
+            if !Self::unpacked_ok(slot, a) {
                 return Err(self.node_error(node, "malformed argument slot"));
             }
             match a {
@@ -842,9 +830,10 @@ mod tests {
         }
         let mut p = Program::default();
         let at = p.push_args(&args);
-        for (k, a) in p.args_in(at).enumerate() {
+        for (k, &slot) in p.slots(at).iter().enumerate() {
+            let a = p.unpack(slot);
             assert!(same(a, args[k]), "{:?} came back as {a:?}", args[k]);
-            assert!(p.slot_ok(p.args[k]));
+            assert!(Program::unpacked_ok(slot, a));
         }
         // Ints beyond 60 bits (4), floats with low bits set (±1e-5, ±1e300 and two bit
         // patterns), spans of 2^28 items or more (two spans of each of six kinds).
