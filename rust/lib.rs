@@ -5,6 +5,7 @@
 //! and [`emit`] are plain Rust; `extract` (feature `python`) is the only reader of Python
 //! objects, and the `_core` module below only exposes functions.
 
+pub mod alloc;
 pub mod emit;
 pub mod error;
 pub mod helper;
@@ -21,6 +22,9 @@ pub mod table;
 mod extract;
 
 pub use emit::{Layout, Style};
+
+#[global_allocator]
+static ALLOCATOR: alloc::Retaining = alloc::Retaining;
 pub use error::{Error, Result};
 pub use ir::Program;
 
@@ -53,6 +57,29 @@ mod core_ext {
     #[pymodule_export]
     #[allow(non_upper_case_globals)]
     const __version__: &str = env!("CARGO_PKG_VERSION");
+
+    /// Reads `FXCODEGEN_RETAIN_MB`: how many MiB of freed large blocks the core may keep for
+    /// the next call (see [`crate::alloc`]; 0 keeps none).
+    #[pymodule_init]
+    fn init(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+        if let Ok(v) = std::env::var("FXCODEGEN_RETAIN_MB") {
+            let mb = v.trim().parse::<usize>().map_err(|_| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "FXCODEGEN_RETAIN_MB must be a whole number of MiB, not {v:?}"
+                ))
+            })?;
+            crate::alloc::set_limit(mb.saturating_mul(1 << 20));
+        }
+        Ok(())
+    }
+
+    /// release_memory() -> int: frees the large blocks kept for reuse; the bytes freed.
+    #[pyfunction]
+    fn release_memory() -> usize {
+        let kept = crate::alloc::kept_bytes();
+        crate::alloc::release();
+        kept
+    }
 
     fn style(s: &str) -> PyResult<Style> {
         match s {
@@ -170,7 +197,13 @@ mod core_ext {
         // Free the node list before the source is copied into a str (peak memory).
         drop(ex);
         let pieces: Vec<&str> = code.pieces().collect();
-        Ok((source_str(py, &pieces)?, names, out))
+        let source = source_str(py, &pieces)?;
+        drop(pieces);
+        // The output buffers are kept for the next call (what this one freed before was
+        // handed back, lowering its peak).
+        let _keep = crate::alloc::Keep::new();
+        drop(code);
+        Ok((source, names, out))
     }
 
     fn write_back<'py>(
