@@ -152,7 +152,7 @@ struct Locked {
 unsafe impl Sync for Locked {}
 
 impl Locked {
-    fn with<R>(&self, f: impl FnOnce(&mut Cache) -> R) -> R {
+    fn lock(&self) {
         let mut spins = 0u32;
         while self
             .busy
@@ -167,9 +167,17 @@ impl Locked {
                 std::hint::spin_loop();
             }
         }
-        // SAFETY: `busy` is held: no other reference to the cache exists.
-        let r = f(unsafe { &mut *self.cache.get() });
+    }
+
+    fn unlock(&self) {
         self.busy.store(false, Ordering::Release);
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Cache) -> R) -> R {
+        self.lock();
+        // SAFETY: the lock is held: no other reference to the cache exists.
+        let r = f(unsafe { &mut *self.cache.get() });
+        self.unlock();
         r
     }
 }
@@ -205,6 +213,21 @@ impl Drop for Keep {
     fn drop(&mut self) {
         KEEPING.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Makes `fork` wait until no thread is inside the cache, so that a child process never
+/// inherits it locked (as the C allocator does for its own locks). Call once, early.
+#[cfg(target_os = "linux")]
+pub fn guard_fork() {
+    extern "C" fn before() {
+        CACHE.lock();
+    }
+    extern "C" fn after() {
+        CACHE.unlock();
+    }
+    // SAFETY: the handlers only take and release the spin lock; registering them has no other
+    // effect. It can only fail for lack of memory, leaving forks unguarded as before.
+    unsafe { libc::pthread_atfork(Some(before), Some(after), Some(after)) };
 }
 
 /// Sets how many bytes of freed blocks may be kept (0: none), freeing what is kept beyond it.
@@ -409,6 +432,48 @@ mod tests {
         }
         assert_eq!(c.take(2 * K - 1), None);
         assert_eq!(c.take(2 * K).map(|t| t.size), Some(2 * K));
+    }
+
+    /// A fork while another thread is inside the cache waits for it, so the child can
+    /// allocate large blocks (unguarded, it would inherit the cache locked and spin forever).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_fork_never_leaves_the_child_with_the_cache_locked() {
+        guard_fork();
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            CACHE.lock();
+            held_tx.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            CACHE.unlock();
+        });
+        held_rx.recv().unwrap();
+        // SAFETY: the child only allocates through this allocator and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let v = vec![7u8; 4 * MIN_BLOCK];
+            let ok = v.iter().all(|&b| b == 7);
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        assert!(pid > 0, "fork failed");
+        holder.join().unwrap();
+        let mut status = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let done = loop {
+            // SAFETY: waiting on our own child.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                break true;
+            }
+            if std::time::Instant::now() > deadline {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                break false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert!(done, "the child hung on the cache's lock");
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
     }
 
     /// The global allocator under the patterns the core uses: vectors growing past and

@@ -59,9 +59,12 @@ mod core_ext {
     const __version__: &str = env!("CARGO_PKG_VERSION");
 
     /// Reads `FXCODEGEN_RETAIN_MB`: how many MiB of freed large blocks the core may keep for
-    /// the next call (see [`crate::alloc`]; 0 keeps none).
+    /// the next call (see [`crate::alloc`]; 0 keeps none), and guards the cache of them
+    /// against `fork`.
     #[pymodule_init]
     fn init(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+        #[cfg(target_os = "linux")]
+        crate::alloc::guard_fork();
         if let Ok(v) = std::env::var("FXCODEGEN_RETAIN_MB") {
             let mb = v.trim().parse::<usize>().map_err(|_| {
                 pyo3::exceptions::PyValueError::new_err(format!(
