@@ -3,7 +3,8 @@
 //! Read top-down: [`ir`] (the node list), [`serial`] (its versioned binary form, read as
 //! untrusted input), [`names`], [`liveness`], [`literal`], [`table`], [`helper`], [`stream`]
 //! and [`emit`] are plain Rust; `extract` (feature `python`) is the only reader of Python
-//! objects, and the `_core` module below only exposes functions.
+//! objects, and the `_core` module below only exposes functions. [`alloc`] is the global
+//! allocator: the system's, keeping the large blocks a call frees at its end for the next.
 
 pub mod alloc;
 pub mod emit;
