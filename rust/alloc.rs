@@ -4,15 +4,15 @@
 //! list, hash tables, output buffers) and frees them at its end. glibc hands such blocks
 //! straight back to the kernel (they are `mmap`ed, or trimmed off the top of the heap), so the
 //! next call takes a page fault on every 4 KiB it touches again: about 2–3 µs each on the VMs
-//! fxcodegen is measured on, 40–100 ns per node at 10k–100k nodes. Python's own allocator keeps
-//! its arenas; this does the same for the core's large blocks, up to a bound.
+//! fxcodegen is measured on, 90–100 ns per node in warm loops at 10k–100k nodes. Python's own
+//! allocator keeps its arenas; this does the same for the core's large blocks, up to a bound.
 //!
-//! Freed blocks of at least [`MIN_BLOCK`] bytes are kept (up to [`SLOTS`] blocks and the
-//! retention limit in bytes, [`set_limit`]); an allocation of a similar size (up to twice the
-//! request) takes the smallest kept block that fits, already resident. Everything else goes
-//! to the system allocator unchanged. The kept blocks stay resident between calls: that is
-//! the price, bounded by the limit (`FXCODEGEN_RETAIN_MB` in the Python module, 0 turns it
-//! off) and handed back by [`release`].
+//! Blocks of at least [`MIN_BLOCK`] bytes freed while a [`Keep`] guard is alive are kept (up
+//! to [`SLOTS`] blocks and the limit in bytes, [`set_limit`]); an allocation of a similar size
+//! (up to twice the request) takes the smallest kept block that fits, its written pages already
+//! resident. Everything else goes to the system allocator unchanged. The kept blocks stay
+//! allocated between calls: that is the price, bounded by the limit (`FXCODEGEN_RETAIN_MB` in
+//! the Python module, 0 turns it off) and handed back by [`release`].
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -23,11 +23,11 @@ pub mod table;
 mod extract;
 
 pub use emit::{Layout, Style};
+pub use error::{Error, Result};
+pub use ir::Program;
 
 #[global_allocator]
 static ALLOCATOR: alloc::Retaining = alloc::Retaining;
-pub use error::{Error, Result};
-pub use ir::Program;
 
 /// Emits source for a program after checking it against `layout` (the pure-Rust entry point).
 pub fn codegen(p: &Program, layout: &Layout) -> Result<String> {
