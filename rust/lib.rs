@@ -60,13 +60,16 @@ mod core_ext {
     const __version__: &str = env!("CARGO_PKG_VERSION");
 
     /// Reads `FXCODEGEN_RETAIN_MB`: how many MiB of freed large blocks the core may keep for
-    /// the next call (see [`crate::alloc`]; 0 keeps none), and guards the cache of them
-    /// against `fork`.
+    /// the next call (see [`crate::alloc`]; 0 keeps none, unset or empty keeps the default),
+    /// and guards the cache of them against `fork`.
     #[pymodule_init]
     fn init(_m: &Bound<'_, PyModule>) -> PyResult<()> {
         #[cfg(target_os = "linux")]
         crate::alloc::guard_fork();
-        if let Ok(v) = std::env::var("FXCODEGEN_RETAIN_MB") {
+        if let Some(v) = std::env::var("FXCODEGEN_RETAIN_MB")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        {
             let mb = v.trim().parse::<usize>().map_err(|_| {
                 pyo3::exceptions::PyValueError::new_err(format!(
                     "FXCODEGEN_RETAIN_MB must be a whole number of MiB, not {v:?}"
