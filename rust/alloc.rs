@@ -236,9 +236,9 @@ pub fn set_limit(bytes: usize) {
     trim(bytes);
 }
 
-/// Frees every kept block (they stay cached again from the next call on).
-pub fn release() {
-    trim(0);
+/// Frees every kept block (they stay cached again from the next call on); the bytes freed.
+pub fn release() -> usize {
+    trim(0)
 }
 
 /// How many allocations so far were served by a kept block.
@@ -251,11 +251,15 @@ pub fn kept_bytes() -> usize {
     CACHE.with(|c| c.bytes())
 }
 
-fn trim(limit: usize) {
+/// Frees kept blocks until at most `limit` bytes are kept; the bytes freed.
+fn trim(limit: usize) -> usize {
+    let mut freed = 0;
     while let Some((ptr, size)) = CACHE.with(|c| if c.bytes() > limit { c.pop() } else { None }) {
         // SAFETY: a kept block came from the system allocator with this size and alignment.
         unsafe { System.dealloc(ptr as *mut u8, layout(size)) };
+        freed += size;
     }
+    freed
 }
 
 fn layout(size: usize) -> Layout {

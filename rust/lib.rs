@@ -83,9 +83,7 @@ mod core_ext {
     /// release_memory() -> int: frees the large blocks kept for reuse; the bytes freed.
     #[pyfunction]
     fn release_memory() -> usize {
-        let kept = crate::alloc::kept_bytes();
-        crate::alloc::release();
-        kept
+        crate::alloc::release()
     }
 
     fn style(s: &str) -> PyResult<Style> {
