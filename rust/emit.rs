@@ -205,6 +205,236 @@ pub fn emit_streamed(
     }
 }
 
+/// The root function of a native module written while its graph is read ([`crate::stream`]):
+/// each node's right-hand side as its batch comes in, then, once names and last uses are
+/// known, the whole function assembled around them ([`Body::function`]): the same text
+/// [`emit`] writes for the root, without ever holding the whole node list.
+#[derive(Debug, Default)]
+pub struct Body {
+    /// The right-hand sides, one after another.
+    rhs: Out,
+    /// Where each node's right-hand side ends in `rhs`.
+    ends: Vec<u32>,
+    /// Per node, its [`kind`] bits.
+    kinds: Vec<u8>,
+}
+
+/// What [`Body::function`] needs to know of a node besides its text.
+mod kind {
+    /// A parameter: its right-hand side is its default, if [`DEFAULT`].
+    pub const PLACEHOLDER: u8 = 1;
+    /// `return` and its right-hand side.
+    pub const OUTPUT: u8 = 2;
+    pub const DEFAULT: u8 = 4;
+    /// A call, which may fuse with a getitem of it right after it (see [`super::fuses`]).
+    pub const CALL: u8 = 8;
+    /// `v[i]` of the node right before, written as that node's name then `[i]`.
+    pub const ITEM_OF_PREV: u8 = 16;
+}
+
+/// Where [`Body::function`] writes: first counted, then copied into a buffer of that length.
+pub trait Sink {
+    fn put(&mut self, s: &[u8]);
+}
+
+/// Counts the bytes a [`Sink`] would receive.
+#[derive(Default)]
+pub struct Count(pub usize);
+
+impl Sink for Count {
+    #[inline(always)]
+    fn put(&mut self, s: &[u8]) {
+        self.0 += s.len();
+    }
+}
+
+/// Fills a buffer of the counted length, noting whether everything written is ASCII.
+pub struct Fill<'b> {
+    buf: &'b mut [u8],
+    at: usize,
+    pub ascii: bool,
+}
+
+impl<'b> Fill<'b> {
+    pub fn new(buf: &'b mut [u8]) -> Self {
+        Fill {
+            buf,
+            at: 0,
+            ascii: true,
+        }
+    }
+
+    /// Whether exactly the whole buffer was written.
+    pub fn full(&self) -> bool {
+        self.at == self.buf.len()
+    }
+}
+
+impl Sink for Fill<'_> {
+    #[inline(always)]
+    fn put(&mut self, s: &[u8]) {
+        self.buf[self.at..self.at + s.len()].copy_from_slice(s);
+        self.ascii &= s.is_ascii();
+        self.at += s.len();
+    }
+}
+
+impl Body {
+    /// A body for a function of about `n` nodes (untouched capacity costs address space only).
+    pub fn with_capacity(n: usize) -> Body {
+        Body {
+            rhs: Out::with_capacity(n * 48),
+            ends: Vec::with_capacity(n),
+            kinds: Vec::with_capacity(n),
+        }
+    }
+
+    /// Writes the right-hand sides of `nodes`, the root graph's nodes from `first` on, whose
+    /// arguments are in `p` (a program holding this batch: see [`crate::stream::Streams`]);
+    /// `names` names every node up to the last of them.
+    pub fn write(
+        &mut self,
+        p: &Program,
+        layout: &Layout,
+        names: &Names,
+        nodes: &[Node],
+        first: u32,
+    ) {
+        let mut e = Emitter::new(p, layout, 0);
+        std::mem::swap(&mut e.out, &mut self.rhs);
+        for (k, node) in nodes.iter().enumerate() {
+            let j = first + k as u32;
+            let mut bits = match node.op {
+                Op::Placeholder => kind::PLACEHOLDER,
+                Op::Output => kind::OUTPUT,
+                Op::CallModule | Op::CallFunction | Op::CallMethod => kind::CALL,
+                Op::GetAttr => 0,
+            };
+            match node.op {
+                Op::Placeholder if node.args.len == 1 => {
+                    bits |= kind::DEFAULT;
+                    e.out.room(16);
+                    // SAFETY: room for an argument.
+                    unsafe { e.arg(p.args[node.args.start as usize], names) };
+                }
+                Op::Placeholder => {}
+                Op::Output if node.args.len == 0 => e.out.put("None"),
+                Op::Output => {
+                    e.out.room(16);
+                    // SAFETY: room for an argument.
+                    unsafe { e.arg(p.args[node.args.start as usize], names) };
+                }
+                _ => e.expr(node, names),
+            }
+            if j > 0
+                && node.op == Op::CallFunction
+                && node.target == Target::Getitem
+                && node.args.len == 2
+                && node.kwargs.len == 0
+                && p.args[node.args.start as usize].node() == Some(j - 1)
+            {
+                bits |= kind::ITEM_OF_PREV;
+            }
+            self.ends.push(e.out.len() as u32);
+            self.kinds.push(bits);
+        }
+        std::mem::swap(&mut e.out, &mut self.rhs);
+    }
+
+    /// Node `j`'s right-hand side.
+    fn rhs(&self, j: usize) -> &[u8] {
+        let start = match j {
+            0 => 0,
+            _ => self.ends[j - 1] as usize,
+        };
+        &self.rhs.as_str().as_bytes()[start..self.ends[j] as usize]
+    }
+
+    /// The module: the header [`emit`] writes, then the root function (`def` line, statements,
+    /// `del`s, fused getitems), byte for byte as [`emit`] writes it from the whole program.
+    pub fn module(&self, layout: &Layout, names: &Names, live: &Liveness, w: &mut impl Sink) {
+        if layout.header {
+            w.put(b"import torch\nimport operator\n");
+        }
+        w.put(b"\ndef ");
+        w.put(layout.fn_name.as_bytes());
+        w.put(b"(");
+        let mut first = true;
+        for (j, &bits) in self.kinds.iter().enumerate() {
+            if bits & kind::PLACEHOLDER == 0 {
+                continue;
+            }
+            if !first {
+                w.put(b", ");
+            }
+            first = false;
+            w.put(names.get(j as u32).as_bytes());
+            if bits & kind::DEFAULT != 0 {
+                w.put(b"=");
+                w.put(self.rhs(j));
+            }
+        }
+        w.put(b"):\n");
+        let n = self.kinds.len();
+        let mut j = 0;
+        while j < n {
+            let bits = self.kinds[j];
+            let fused = bits & kind::CALL != 0
+                && live.uses[j] == 1
+                && self
+                    .kinds
+                    .get(j + 1)
+                    .is_some_and(|&b| b & kind::ITEM_OF_PREV != 0);
+            if fused {
+                // `b = f(...)[i]`: the getitem's right-hand side is the call's name, then `[i]`.
+                let name = names.get(j as u32).len();
+                w.put(b"    ");
+                w.put(names.get(j as u32 + 1).as_bytes());
+                w.put(b" = ");
+                w.put(self.rhs(j));
+                w.put(&self.rhs(j + 1)[name..]);
+                w.put(b"\n");
+                dels(w, live.after(j), live.after(j + 1), j as u32, names);
+                j += 2;
+                continue;
+            }
+            if bits & kind::OUTPUT != 0 {
+                w.put(b"    return ");
+                w.put(self.rhs(j));
+                w.put(b"\n");
+            } else if bits & kind::PLACEHOLDER == 0 {
+                w.put(b"    ");
+                w.put(names.get(j as u32).as_bytes());
+                w.put(b" = ");
+                w.put(self.rhs(j));
+                w.put(b"\n");
+            }
+            dels(w, live.after(j), &[], u32::MAX, names);
+            j += 1;
+        }
+        if self.kinds.last().is_none_or(|&b| b & kind::OUTPUT == 0) {
+            w.put(b"    return None\n");
+        }
+    }
+}
+
+/// [`Emitter::dels`] into a [`Sink`].
+#[inline(always)]
+fn dels(w: &mut impl Sink, a: &[u32], b: &[u32], skip: u32, names: &Names) {
+    let mut first = true;
+    for &i in a.iter().chain(b) {
+        if i == skip {
+            continue;
+        }
+        w.put(if first { b"    del " } else { b", " });
+        w.put(names.get(i).as_bytes());
+        first = false;
+    }
+    if !first {
+        w.put(b"\n");
+    }
+}
+
 /// Writes one argument as it would appear inside the given function's names (used for
 /// vLLM's `_node_ref`).
 pub fn format_arg(p: &Program, arg: Arg, names: &Names, style: Style) -> String {
@@ -698,7 +928,13 @@ impl<'a> Emitter<'a> {
         match (node.op, node.target) {
             (Op::GetAttr, Target::Const(k)) => self.const_ref(k),
             (Op::CallModule, Target::Submod(i)) => {
-                let callee = match p.submods[i as usize].kind {
+                // A program holding one batch of a root written while it is read has no
+                // submodules: they are all opaque there ([`Body`]).
+                let kind = p
+                    .submods
+                    .get(i as usize)
+                    .map_or(SubmodKind::Opaque, |s| s.kind);
+                let callee = match kind {
                     SubmodKind::Opaque => {
                         self.submod_ref(i);
                         None

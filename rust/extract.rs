@@ -7,12 +7,12 @@ use pyo3::types::{PyBytes, PyDict, PyIterator, PyList, PyString, PyType};
 use pyo3::{ffi, intern};
 use rustc_hash::FxHashMap;
 
-use crate::emit::{default_threads, Layout, PARALLEL_MIN_NODES};
+use crate::emit::{default_threads, Layout, Style, PARALLEL_MIN_NODES};
 use crate::error::Error;
 use crate::helper::{Ahead, Helper};
 use crate::ir::{Arg, Graph, Node, Op, Program, Slot, Span, Submod, SubmodKind, Target, MAX_DEPTH};
 use crate::names::{self, hash_bytes};
-use crate::stream::{Streamed, Streams, BATCH};
+use crate::stream::{Batch, Full, Streamed, Streams, BATCH, FULL_BATCH};
 use crate::table::Table;
 
 /// The text of a compact ASCII str (nearly every fx name), read in place; None for other
@@ -498,6 +498,16 @@ pub struct Extractor<'py> {
     helper: Option<Helper>,
     /// The layout's name prefix and entry function, when names are worked out while reading.
     stream: Option<(&'static str, String)>,
+    /// Whether a large root's statements are written on the helper while it is read (native
+    /// layouts that allow submodules): its nodes then go to the helper in full, batch by batch,
+    /// and the program keeps none of them ([`crate::emit::Body`]).
+    statements: bool,
+    /// While such a root is read.
+    writing_root: bool,
+    /// Whether reading stopped because the root written on the helper calls an inlined child
+    /// (whose function the program would need, and whose nodes share the root's arenas):
+    /// read again with [`Extractor::without_statements`].
+    pub abandoned: bool,
     /// The nodes the current node references, in order.
     refs: Vec<u32>,
 }
@@ -603,6 +613,9 @@ impl<'py> Extractor<'py> {
             loose: None,
             helper: None,
             stream: None,
+            statements: false,
+            writing_root: false,
+            abandoned: false,
             refs: Vec::new(),
         })
     }
@@ -611,6 +624,12 @@ impl<'py> Extractor<'py> {
     /// are read, for emitting with `layout` ([`Extractor::take_streamed`]).
     pub fn stream_for(&mut self, layout: &Layout) {
         self.stream = Some((layout.style.prefix(), layout.fn_name.to_string()));
+        self.statements = layout.style == Style::Native && layout.with_submod;
+    }
+
+    /// Keeps every node in the program (after [`Extractor::abandoned`]).
+    pub fn without_statements(&mut self) {
+        self.statements = false;
     }
 
     /// Extracts `gm` as the root graph and every plain GraphModule child it calls. With
@@ -633,6 +652,13 @@ impl<'py> Extractor<'py> {
         }
         debug_assert!(self.prog.validate().is_ok());
         Ok(())
+    }
+
+    /// Drops the extractor, handing the pages of its program and tables back to the system
+    /// first (see [`Program::discard`]).
+    pub fn discard(mut self) {
+        std::mem::take(&mut self.prog).discard();
+        std::mem::replace(&mut self.submods, Table::with_capacity(0)).discard();
     }
 
     /// The names and last uses the helper worked out for the graphs it was handed (none
@@ -673,8 +699,25 @@ impl<'py> Extractor<'py> {
             }
         };
         let mut index = NodeIndex::with_capacity(n_nodes);
+        let large = n_nodes >= PARALLEL_MIN_NODES;
+        if large && self.helper.is_none() && default_threads() > 1 {
+            let streams = self.stream.as_ref().map(|(p, f)| Streams::new(p, f));
+            self.helper = Helper::start(streams);
+        }
+        let mut batch = match &self.helper {
+            Some(h) if large && h.streams() => Some(h.batch(gi, n_nodes)),
+            _ => None,
+        };
+        // The root's statements written on the helper: its nodes and arguments go there batch
+        // by batch (the arenas start empty, so spans count from a batch's start).
+        let full = depth == 0 && self.statements && batch.is_some() && self.prog.args.is_empty();
+        self.writing_root = full;
+        let per_batch = match full {
+            true => FULL_BATCH,
+            false => n_nodes,
+        };
         // Generous: untouched capacity costs address space, not memory; regrowing copies.
-        self.prog.args.reserve(n_nodes * 8);
+        self.prog.args.reserve(per_batch * 8);
         self.prog.text.reserve(n_nodes * 24);
         if depth == 0 {
             // Split graphs call a child every other node or so; growing the tables from
@@ -683,32 +726,34 @@ impl<'py> Extractor<'py> {
             self.prog.submods.reserve(n_nodes / 2);
             self.submod_names.reserve(n_nodes / 2);
         }
-        let mut nodes: Vec<Node> = Vec::with_capacity(n_nodes);
-        let large = n_nodes >= PARALLEL_MIN_NODES;
-        if large && self.helper.is_none() && default_threads() > 1 {
-            let streams = self.stream.as_ref().map(|(p, f)| Streams::new(p, f));
-            self.helper = Helper::start(streams);
-        }
+        let mut nodes: Vec<Node> = Vec::with_capacity(per_batch);
+        // Nodes handed over in full so far, and how much of the text and blobs went with them.
+        let (mut base, mut sent) = (0u32, (0usize, 0usize));
+        let mut seen_default = false;
         // The identity table is written all over from the first node: populate it whole.
         let mut ahead = [(); 5].map(|_| Ahead::default());
         if let (Some(pf), true) = (&self.helper, large) {
             let (ptr, len) = index.0.memory();
             pf.request_all(ptr, len);
         }
-        let mut batch = match &self.helper {
-            Some(h) if large && h.streams() => Some(h.batch(gi, n_nodes)),
-            _ => None,
-        };
         // Owned references for fields read through getattr (nodes that are not exactly `Node`).
         let mut keep: Vec<Bound<'py, PyAny>> = Vec::new();
         for node in node_iter {
             let node = node?;
+            if full && nodes.len() == FULL_BATCH {
+                let b = batch.as_mut().expect("a batch for every full graph");
+                base += self.hand_over(gi, &mut nodes, b, &mut sent, &mut seen_default, false)?;
+            }
             self.prefetch_ahead(&node, &index, prefix.is_empty());
-            // 64 nodes fill a few KiB of the arenas, far less than a chunk.
+            // 64 nodes fill a few KiB of the arenas, far less than a chunk (the arenas of a
+            // root handed over in full are reused, batch after batch).
             if let (Some(pf), 0) = (&self.helper, nodes.len() % 64) {
                 let [a, t, n, s, sn] = &mut ahead;
-                let read = (nodes.len(), n_nodes);
-                a.track_vec(pf, &self.prog.args, read);
+                let read = (base as usize + nodes.len(), n_nodes);
+                if !full {
+                    a.track_vec(pf, &self.prog.args, read);
+                    n.track_vec(pf, &nodes, read);
+                }
                 t.track(
                     pf,
                     self.prog.text.as_ptr(),
@@ -716,7 +761,6 @@ impl<'py> Extractor<'py> {
                     self.prog.text.capacity(),
                     read,
                 );
-                n.track_vec(pf, &nodes, read);
                 s.track_vec(pf, &self.prog.submods, read);
                 sn.track_vec(pf, &self.submod_names, read);
             }
@@ -727,8 +771,9 @@ impl<'py> Extractor<'py> {
             let op = unsafe { self.op(op_obj, &node)? };
             let name = unsafe { self.text_of(name_obj) }
                 .map_err(|_| node_error(&node, "the name is not a str"))?;
-            if let Some(b) = &mut batch {
-                b.text.push_str(name);
+            match &mut batch {
+                Some(b) if !full => b.text.push_str(name),
+                _ => {}
             }
             let name = self.prog.push_str(name);
             let target =
@@ -753,7 +798,7 @@ impl<'py> Extractor<'py> {
                 let kwargs = self.kwargs(kwargs_obj, &ctx)?;
                 (args, kwargs)
             };
-            index.insert(node.as_ptr() as usize, nodes.len() as u32);
+            index.insert(node.as_ptr() as usize, base + nodes.len() as u32);
             nodes.push(Node {
                 op,
                 name,
@@ -763,16 +808,61 @@ impl<'py> Extractor<'py> {
             });
             if let (Some(b), Some(h)) = (&mut batch, &self.helper) {
                 b.push(name, op == Op::Output, &self.refs);
-                if b.nodes.len() == BATCH {
+                if b.nodes.len() == BATCH && !full {
                     h.send(std::mem::replace(b, h.batch(gi, n_nodes)));
                 }
             }
         }
-        if let (Some(b), Some(h)) = (batch, &self.helper) {
+        index.0.discard();
+        if full {
+            let b = batch.as_mut().expect("a batch for every full graph");
+            self.hand_over(gi, &mut nodes, b, &mut sent, &mut seen_default, true)?;
+            self.writing_root = false;
+        } else if let (Some(b), Some(h)) = (batch, &self.helper) {
             h.send(b);
         }
         self.prog.graphs[gi as usize] = Graph { nodes };
         Ok(gi)
+    }
+
+    /// Hands the nodes read since the last call to the helper in full, with their arguments,
+    /// after checking them (as [`Program::check_shapes`] would the whole graph); the arenas
+    /// start over with the buffers of a batch handed back. `sent` is how much of the text and
+    /// blobs the helper has. Returns how many nodes went.
+    fn hand_over(
+        &mut self,
+        gi: u32,
+        nodes: &mut Vec<Node>,
+        b: &mut Batch,
+        sent: &mut (usize, usize),
+        seen_default: &mut bool,
+        last: bool,
+    ) -> PyResult<u32> {
+        let Some(h) = &self.helper else {
+            return Ok(0);
+        };
+        self.prog.n_consts = self.pool.objects.len() as u32;
+        self.prog.check_nodes(gi, nodes, seen_default, last)?;
+        let mut next = h.batch(gi, b.size as usize);
+        let spare = next.full.take().unwrap_or_default();
+        let p = &mut self.prog;
+        let mut f = Full {
+            nodes: std::mem::replace(nodes, spare.nodes),
+            args: std::mem::replace(&mut p.args, spare.args),
+            wide: std::mem::replace(&mut p.wide, spare.wide),
+            text: spare.text,
+            blobs: spare.blobs,
+        };
+        f.text.push_str(&p.text[sent.0..]);
+        f.blobs.extend_from_slice(&p.blobs[sent.1..]);
+        *sent = (p.text.len(), p.blobs.len());
+        nodes.reserve(FULL_BATCH);
+        p.args.reserve(FULL_BATCH * 8);
+        let count = f.nodes.len() as u32;
+        let mut done = std::mem::replace(b, next);
+        done.full = Some(f);
+        h.send(done);
+        Ok(count)
     }
 
     /// Reading a large graph waits on memory: each node, its name, target, args and kwargs are
@@ -1061,6 +1151,13 @@ impl<'py> Extractor<'py> {
                         b
                     }
                 };
+                if inline && self.writing_root {
+                    self.abandoned = true;
+                    return Err(node_error(
+                        node,
+                        "an inlined child of a root written in batches",
+                    ));
+                }
                 if inline {
                     let qual = format!("{}.", self.prog.str(name));
                     let g = self.graph(&child, &qual, depth + 1)?;

@@ -44,7 +44,14 @@ pub struct Helper {
     /// The streams' results, once every batch is in.
     done: Receiver<Vec<Streamed>>,
     streams: bool,
+    /// Batches sent and not handed back yet.
+    out: std::cell::Cell<usize>,
 }
+
+/// How many batches may be on their way to the helper or back before [`Helper::batch`] waits
+/// for one: a helper falling behind would otherwise have the reader fill new buffers for every
+/// batch (a batch handed over in full holds about 400 KiB).
+pub const IN_FLIGHT: usize = 2;
 
 impl Helper {
     /// Starts the helper, or None where no thread can be started. With `streams` it also takes
@@ -67,9 +74,9 @@ impl Helper {
                                 flag.store(true, Ordering::Relaxed);
                             }
                         }
-                        Job::Nodes(b) => {
+                        Job::Nodes(mut b) => {
                             if let Some(s) = &mut streams {
-                                s.take(&b);
+                                s.take(&mut b);
                             }
                             // The reader may be gone: the batch is then simply freed.
                             let _ = back.send(b);
@@ -90,6 +97,7 @@ impl Helper {
             spare,
             done,
             streams: has_streams,
+            out: 0.into(),
         })
     }
 
@@ -115,9 +123,18 @@ impl Helper {
         self.streams
     }
 
-    /// An empty batch for `graph` (of `size` nodes): one handed back if any.
+    /// An empty batch for `graph` (of `size` nodes): one handed back if any, waiting for one
+    /// while [`IN_FLIGHT`] are out.
     pub fn batch(&self, graph: u32, size: usize) -> Batch {
-        let mut b = self.spare.try_recv().unwrap_or_default();
+        let back = match self.out.get() >= IN_FLIGHT {
+            // A helper that is gone hands nothing back.
+            true => self.spare.recv().ok(),
+            false => self.spare.try_recv().ok(),
+        };
+        if back.is_some() {
+            self.out.set(self.out.get() - 1);
+        }
+        let mut b = back.unwrap_or_default();
         b.reset(graph, size);
         b
     }
@@ -125,7 +142,9 @@ impl Helper {
     /// Hands a batch of nodes over.
     pub fn send(&self, b: Batch) {
         if let Some(tx) = &self.tx {
-            let _ = tx.send(Job::Nodes(b));
+            if tx.send(Job::Nodes(b)).is_ok() {
+                self.out.set(self.out.get() + 1);
+            }
         }
     }
 

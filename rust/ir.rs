@@ -219,6 +219,20 @@ pub struct Program {
 }
 
 impl Program {
+    /// Drops the program, handing the pages of its arenas back to the system first (memory
+    /// freed in the middle of a call would otherwise stay resident until its end).
+    pub fn discard(self) {
+        use crate::helper::discard;
+        discard(self.text.into_bytes());
+        discard(self.blobs);
+        discard(self.args);
+        discard(self.wide);
+        discard(self.submods);
+        for g in self.graphs {
+            discard(g.nodes);
+        }
+    }
+
     /// Text of a span created by [`Program::push_str`] ("" for a span that is not one, which
     /// [`Program::validate`] rejects).
     pub fn str(&self, s: Span) -> &str {
@@ -616,13 +630,24 @@ impl Program {
     /// only from earlier nodes, existing pool slots and its own strings (the torch.fx reader)
     /// needs only this; [`Program::validate`] adds the argument checks.
     pub fn check_shapes(&self, gi: u32) -> Result<()> {
-        let g = &self.graphs[gi as usize];
-        let mut seen_default = false;
+        self.check_nodes(gi, &self.graphs[gi as usize].nodes, &mut false, true)
+    }
+
+    /// [`Program::check_shapes`] for `nodes`, the next nodes of graph `gi` (whose arguments
+    /// are in this program), read in batches: `seen_default` carries over from the batch
+    /// before, and `last` says whether this is the last batch.
+    pub fn check_nodes(
+        &self,
+        gi: u32,
+        nodes: &[Node],
+        seen_default: &mut bool,
+        last: bool,
+    ) -> Result<()> {
         // Call names repeat across nodes: check each distinct text once. Readers share one span
         // per call target, so spans checked lately are recognised without hashing the text.
         let mut good_names: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
         let mut good_spans = [Span::default(); 16];
-        for (j, node) in g.nodes.iter().enumerate() {
+        for (j, node) in nodes.iter().enumerate() {
             check_span(self, node.name)?;
             let bad = |why: String| self.node_error(node, why);
             if node.args.range().end > self.args.len()
@@ -641,8 +666,8 @@ impl Program {
                         return Err(bad("a placeholder takes at most one default".into()));
                     }
                     if node.args.len == 1 {
-                        seen_default = true;
-                    } else if seen_default {
+                        *seen_default = true;
+                    } else if *seen_default {
                         return Err(bad(
                             "a placeholder without default follows one with a default".into(),
                         ));
@@ -688,7 +713,7 @@ impl Program {
                     }
                 }
                 (Op::Output, Target::None) => {
-                    if j + 1 != g.nodes.len() {
+                    if j + 1 != nodes.len() || !last {
                         return Err(bad("the output node must be the last node".into()));
                     }
                     if node.args.len > 1 || node.kwargs.len > 0 {

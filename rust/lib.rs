@@ -42,12 +42,16 @@ mod core_ext {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
-    use crate::emit::{check_layout, default_threads, emit_streamed, format_arg, Layout, Style};
+    use crate::emit::{
+        check_layout, default_threads, emit_streamed, format_arg, Count, Fill, Layout, Style,
+    };
     use crate::error::Error;
     use crate::extract::{Extractor, Pool};
     use crate::helper::{Helper, CHUNK};
+    use crate::liveness::Liveness;
     use crate::names::Names;
     use crate::serial;
+    use crate::stream::Root;
 
     /// Sources at least this large are copied into the `str` with a page-populating helper.
     const PREFAULT_MIN_BYTES: usize = 8 << 20;
@@ -115,17 +119,7 @@ mod core_ext {
             let data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
             let obj = Bound::from_owned_ptr(py, obj);
             let ascii = {
-                // A large source lands in fresh pages: fault in all but the first quarter on
-                // another thread while this one copies (joined when it drops, after the copy).
-                let _helper = (len >= PREFAULT_MIN_BYTES && default_threads() > 1)
-                    .then(|| Helper::start(None))
-                    .flatten()
-                    .inspect(|pf| {
-                        let (start, end) = (data as usize + len / 4, data as usize + len);
-                        for at in (start..end).step_by(CHUNK) {
-                            pf.request(at, (at + CHUNK).min(end));
-                        }
-                    });
+                let _helper = prefault(data, len);
                 let mut at = data;
                 let mut ascii = true;
                 for s in parts {
@@ -143,6 +137,62 @@ mod core_ext {
         }
         let joined: String = parts.iter().map(AsRef::as_ref).collect();
         Ok(PyString::new(py, &joined))
+    }
+
+    /// A large source lands in fresh pages: a helper that faults in all but the first quarter
+    /// of the `len` bytes at `data` while this thread writes them (join it, by dropping it,
+    /// after writing).
+    fn prefault(data: *mut u8, len: usize) -> Option<Helper> {
+        (len >= PREFAULT_MIN_BYTES && default_threads() > 1)
+            .then(|| Helper::start(None))
+            .flatten()
+            .inspect(|pf| {
+                let (start, end) = (data as usize + len / 4, data as usize + len);
+                for at in (start..end).step_by(CHUNK) {
+                    pf.request(at, (at + CHUNK).min(end));
+                }
+            })
+    }
+
+    /// The module around a root the helper wrote ([`crate::emit::Body`]), assembled straight
+    /// into a Python str (a compact ASCII one, as [`source_str`] makes, unless a name is not
+    /// ASCII).
+    fn root_str<'py>(
+        py: Python<'py>,
+        layout: &Layout,
+        root: &Root,
+        names: &Names,
+        live: &Liveness,
+    ) -> PyResult<Bound<'py, PyString>> {
+        let mut count = Count::default();
+        root.body.module(layout, names, live, &mut count);
+        let len = count.0;
+        // SAFETY: as in `source_str`: the string's buffer is written whole (`Fill` checks its
+        // bounds) before anything else can see it, and dropped (zeroed first) unless ASCII.
+        unsafe {
+            let obj = pyo3::ffi::PyUnicode_New(len as pyo3::ffi::Py_ssize_t, 127);
+            if obj.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            let data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
+            let obj = Bound::from_owned_ptr(py, obj);
+            let mut fill = Fill::new(std::slice::from_raw_parts_mut(data, len));
+            {
+                let _helper = prefault(data, len);
+                root.body.module(layout, names, live, &mut fill);
+            }
+            debug_assert!(fill.full());
+            if fill.ascii {
+                return Ok(obj.cast_into_unchecked());
+            }
+            std::ptr::write_bytes(data, 0, len);
+        }
+        let mut bytes = vec![0; len];
+        root.body
+            .module(layout, names, live, &mut Fill::new(&mut bytes));
+        let text = String::from_utf8(bytes)
+            .map_err(|_| Error::Invalid("generated source is not UTF-8".into()))?;
+        Ok(PyString::new(py, &text))
     }
 
     fn submod_names(p: &crate::Program) -> Vec<String> {
@@ -185,16 +235,39 @@ mod core_ext {
             with_submod,
             header,
         };
-        let pool = match (consts, const_index) {
-            (Some(c), Some(i)) => Pool::seeded(c, i)?,
-            (Some(c), None) => Pool::seeded(c, &PyDict::new(py))?,
-            _ => Pool::new(),
+        let pool = || match (consts, const_index) {
+            (Some(c), Some(i)) => Pool::seeded(c, i),
+            (Some(c), None) => Pool::seeded(c, &PyDict::new(py)),
+            _ => Ok(Pool::new()),
         };
-        let mut ex = Extractor::new(py, resolver.clone(), pool)?;
+        let mut ex = Extractor::new(py, resolver.clone(), pool()?)?;
         ex.stream_for(&layout);
-        ex.run(gm)?;
+        if let Err(e) = ex.run(gm) {
+            if !ex.abandoned {
+                return Err(e);
+            }
+            // The root calls an inlined child: read it again, keeping every node.
+            drop(ex);
+            ex = Extractor::new(py, resolver.clone(), pool()?)?;
+            ex.stream_for(&layout);
+            ex.without_statements();
+            ex.run(gm)?;
+        }
         check_layout(&ex.prog, &layout)?;
-        let streamed = ex.take_streamed();
+        let mut streamed = ex.take_streamed();
+        if let Some(at) = streamed.iter().position(|s| s.root.is_some()) {
+            // The helper wrote the root, the only graph (an inlined child would have stopped
+            // it): the program holds no node of it.
+            let s = streamed.swap_remove(at);
+            let names = submod_list(py, &mut ex)?;
+            let out = write_back(py, &ex.pool, consts, const_index)?;
+            ex.discard();
+            let Some(root) = s.root else { unreachable!() };
+            let source = root_str(py, &layout, &root, &s.names.over(&root.text), &s.live)?;
+            let _keep = crate::alloc::Keep::new();
+            drop(root);
+            return Ok((source, names, out));
+        }
         let prog = &ex.prog;
         let code = py.detach(|| emit_streamed(prog, &layout, default_threads(), streamed));
         let names = submod_list(py, &mut ex)?;

@@ -2,7 +2,7 @@
 //! and never shadows a keyword, a builtin, `torch`, `operator` or a layout name.
 
 use crate::helper::discard;
-use crate::ir::{Graph, Program};
+use crate::ir::{Graph, Program, Span};
 use crate::table::Table;
 
 /// Python 3.11's keywords and soft keywords are all lower-case ASCII; `_` is excluded here.
@@ -538,6 +538,11 @@ impl<'a> Names<'a> {
         .over(&p.text)
     }
 
+    /// The names without the text they point into.
+    pub fn into_parts(self) -> NameParts {
+        self.parts
+    }
+
     /// Whether every node kept its own name (true for a result of [`assign`] exactly when it
     /// equals [`Names::own`]).
     pub fn all_own(&self) -> bool {
@@ -739,6 +744,48 @@ impl Namer {
         self.text.push_str(name);
         self.at.push(at);
         self.a.add(&self.text, h, name, local, reserved);
+    }
+
+    /// A namer over a copy of the whole program text, which [`Namer::extend`] keeps up to
+    /// date and [`Namer::add_at`] takes names from: its names are spans of that copy, which
+    /// [`Namer::take_text`] hands over.
+    pub fn mirrored(n: usize) -> Namer {
+        Namer {
+            text: String::with_capacity(n * 24),
+            a: Assigner::new(n),
+            at: Vec::new(),
+        }
+    }
+
+    /// Appends the program text added since the last call (mirrored namers).
+    pub fn extend(&mut self, added: &str) {
+        self.text.push_str(added);
+    }
+
+    /// The program text so far (mirrored namers).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Names the next node, whose name (of [`hash_bytes`] `h`) is `name` of the copy.
+    pub fn add_at(&mut self, name: Span, h: u64, reserved: &Reserved) {
+        let raw = self.text.get(name.range()).unwrap_or("");
+        self.a.add(&self.text, h, raw, name.start, reserved);
+    }
+
+    /// Runs `f` on the names so far, over the program text copy, which it may borrow through
+    /// a program built around it: `f` gets the copy and hands it back (mirrored namers).
+    pub fn lend<R>(&mut self, f: impl FnOnce(String, NameParts) -> (String, NameParts, R)) -> R {
+        let text = std::mem::take(&mut self.text);
+        let parts = std::mem::take(&mut self.a.parts);
+        let (text, parts, r) = f(text, parts);
+        (self.text, self.a.parts) = (text, parts);
+        r
+    }
+
+    /// The program text copy, which the names of a mirrored namer point into.
+    pub fn take_text(&mut self) -> String {
+        std::mem::take(&mut self.text)
     }
 
     /// Asks the CPU to start loading the uniqueness-table slot of a name hashing to `h`.

@@ -4,12 +4,17 @@
 //! [`crate::liveness::compute`] look at. Their results are the same as if computed after the
 //! read; the emitter then only writes statements.
 
-use crate::ir::Span;
+use crate::emit::{Body, Layout, Style};
+use crate::ir::{Graph, Node, Program, Slot, Span};
 use crate::liveness::{Builder, Liveness};
 use crate::names::{hash_bytes, NameParts, Namer, Reserved};
 
 /// How many nodes go to the helper at a time.
 pub const BATCH: usize = 4096;
+
+/// How many nodes go at a time when they go in full ([`Full`]): a batch then holds about
+/// 130 bytes a node, and up to [`crate::helper::IN_FLIGHT`] of them are out at once.
+pub const FULL_BATCH: usize = 1024;
 
 /// Consecutive nodes of one graph.
 #[derive(Debug, Default)]
@@ -22,6 +27,31 @@ pub struct Batch {
     pub nodes: Vec<Summary>,
     /// The nodes each node references, one node after another.
     pub refs: Vec<u32>,
+    /// The nodes themselves, for a root whose statements the helper writes ([`Body`]).
+    pub full: Option<Full>,
+}
+
+/// A batch of the root's nodes in full: their arguments (spans count from the start of
+/// `args`, which the reader empties after each batch) and what the program's text and blobs
+/// gained since the previous batch (names are then spans of the whole text, not copies in
+/// [`Batch::text`]).
+#[derive(Debug, Default)]
+pub struct Full {
+    pub nodes: Vec<Node>,
+    pub args: Vec<Slot>,
+    pub wide: Vec<u64>,
+    pub text: String,
+    pub blobs: Vec<u8>,
+}
+
+impl Full {
+    fn clear(&mut self) {
+        self.nodes.clear();
+        self.args.clear();
+        self.wide.clear();
+        self.text.clear();
+        self.blobs.clear();
+    }
 }
 
 /// What the helper needs of one node.
@@ -42,6 +72,9 @@ impl Batch {
         self.text.clear();
         self.nodes.clear();
         self.refs.clear();
+        if let Some(f) = &mut self.full {
+            f.clear();
+        }
     }
 
     /// Adds a node whose name, at `at` in the program text, was copied to [`Batch::text`] first.
@@ -59,8 +92,28 @@ impl Batch {
 #[derive(Debug)]
 pub struct Streamed {
     pub graph: u32,
+    /// Spans of the program text, or of [`Root::text`] for a written root.
     pub names: NameParts,
     pub live: Liveness,
+    /// The root's statements, when the batches came [`Full`].
+    pub root: Option<Root>,
+}
+
+/// A root function the helper wrote: its statements and the program text its names point into.
+#[derive(Debug)]
+pub struct Root {
+    pub body: Body,
+    pub text: String,
+}
+
+/// One graph the helper is handed.
+struct Stream {
+    graph: u32,
+    namer: Namer,
+    live: Builder,
+    /// For a root handed over in full: its statements so far, how many nodes they cover and
+    /// the program's blobs.
+    writer: Option<(Body, u32, Vec<u8>)>,
 }
 
 /// How many nodes ahead [`Streams::take`] loads a name's uniqueness-table slot.
@@ -70,7 +123,7 @@ const AHEAD: usize = 8;
 pub struct Streams {
     prefix: &'static str,
     fn_name: String,
-    graphs: Vec<(u32, Namer, Builder)>,
+    graphs: Vec<Stream>,
     /// Scratch: the hashes of a batch's names.
     hashes: Vec<u64>,
 }
@@ -86,22 +139,38 @@ impl Streams {
         }
     }
 
-    pub fn take(&mut self, b: &Batch) {
-        let at = match self.graphs.iter().position(|g| g.0 == b.graph) {
+    pub fn take(&mut self, b: &mut Batch) {
+        let at = match self.graphs.iter().position(|g| g.graph == b.graph) {
             Some(at) => at,
             None => {
                 let n = b.size as usize;
-                let namer = Namer::new(n);
-                self.graphs
-                    .push((b.graph, namer, Builder::with_capacity(n)));
+                let full = b.full.is_some();
+                self.graphs.push(Stream {
+                    graph: b.graph,
+                    namer: match full {
+                        true => Namer::mirrored(n),
+                        false => Namer::new(n),
+                    },
+                    live: Builder::with_capacity(n),
+                    writer: full.then(|| (Body::with_capacity(n), 0, Vec::new())),
+                });
                 self.graphs.len() - 1
             }
         };
-        let (_, namer, live) = &mut self.graphs[at];
+        let Stream {
+            namer,
+            live,
+            writer,
+            ..
+        } = &mut self.graphs[at];
         let reserved = Reserved {
             prefix: self.prefix,
             fn_name: &self.fn_name,
         };
+        if let (Some(f), Some((_, _, blobs))) = (&b.full, &mut *writer) {
+            namer.extend(&f.text);
+            blobs.extend_from_slice(&f.blobs);
+        }
         // The names' hashes first, so that each one's slot in the uniqueness table can be
         // loaded a few nodes ahead: at a million nodes that table outgrows the caches, and
         // without it the helper fell behind the reader.
@@ -110,7 +179,15 @@ impl Streams {
         let mut t = 0;
         for node in &b.nodes {
             let len = node.name.len as usize;
-            hashes.push(hash_bytes(&b.text.as_bytes()[t..t + len]));
+            let name = match writer {
+                Some(_) => namer
+                    .text()
+                    .as_bytes()
+                    .get(node.name.range())
+                    .unwrap_or(&[]),
+                None => &b.text.as_bytes()[t..t + len],
+            };
+            hashes.push(hash_bytes(name));
             t += len;
         }
         for &h in hashes.iter().take(AHEAD) {
@@ -122,7 +199,10 @@ impl Streams {
                 namer.prefetch(h);
             }
             let len = node.name.len as usize;
-            namer.add(&b.text[t..t + len], hashes[k], node.name.start, &reserved);
+            match writer {
+                Some(_) => namer.add_at(node.name, hashes[k], &reserved),
+                None => namer.add(&b.text[t..t + len], hashes[k], node.name.start, &reserved),
+            }
             t += len;
             live.push(node.output);
             for &i in &b.refs[r..r + node.refs as usize] {
@@ -131,25 +211,67 @@ impl Streams {
             r += node.refs as usize;
         }
         self.hashes = hashes;
+        if let (Some(f), Some((body, first, blobs))) = (&mut b.full, writer) {
+            let layout = Layout {
+                style: Style::Native,
+                fn_name: &self.fn_name,
+                with_submod: true,
+                header: true,
+            };
+            namer.lend(|text, parts| {
+                let p = Program {
+                    text,
+                    blobs: std::mem::take(blobs),
+                    args: std::mem::take(&mut f.args),
+                    wide: std::mem::take(&mut f.wide),
+                    graphs: vec![Graph {
+                        nodes: std::mem::take(&mut f.nodes),
+                    }],
+                    ..Program::default()
+                };
+                let names = parts.over(&p.text);
+                let nodes = &p.graphs[0].nodes;
+                body.write(&p, &layout, &names, nodes, *first);
+                *first += nodes.len() as u32;
+                let parts = names.into_parts();
+                // The buffers go back with the batch, for the reader to fill again.
+                let Program {
+                    text,
+                    blobs: b,
+                    args,
+                    wide,
+                    mut graphs,
+                    ..
+                } = p;
+                *blobs = b;
+                (f.args, f.wide) = (args, wide);
+                f.nodes = graphs.pop().map(|g| g.nodes).unwrap_or_default();
+                (text, parts, ())
+            });
+        }
     }
 
     /// Every graph's names and last uses; what remains is scratch: [`Streams::discard`] it.
     pub fn finish(&mut self) -> Vec<Streamed> {
         let graphs = self.graphs.iter_mut();
         graphs
-            .map(|(graph, namer, live)| Streamed {
-                graph: *graph,
-                names: namer.finish(),
-                live: live.finish(),
+            .map(|g| Streamed {
+                graph: g.graph,
+                names: g.namer.finish(),
+                live: g.live.finish(),
+                root: g.writer.take().map(|(body, _, _)| Root {
+                    body,
+                    text: g.namer.take_text(),
+                }),
             })
             .collect()
     }
 
     /// Drops the scratch, handing its pages back to the system first.
     pub fn discard(self) {
-        for (_, namer, live) in self.graphs {
-            namer.discard();
-            live.discard();
+        for g in self.graphs {
+            g.namer.discard();
+            g.live.discard();
         }
     }
 }
@@ -247,8 +369,8 @@ mod tests {
                 fn_name: layout.fn_name,
             };
             let mut s = Streams::new(style.prefix(), layout.fn_name);
-            for b in batches(&p) {
-                s.take(&b);
+            for mut b in batches(&p) {
+                s.take(&mut b);
             }
             let streamed = s.finish();
             assert_eq!(streamed.len(), p.graphs.len());

@@ -1,0 +1,158 @@
+"""A large root's statements are written on a helper thread while the graph is read, batch by
+batch, and assembled into the source once names and last uses are known. That code must equal,
+byte for byte, what the emitter writes from the whole node list (``emit(serialize(gm))`` never
+writes while reading), and must fail the same way on graphs it cannot handle.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import fxcodegen
+import pytest
+import torch
+from torch import fx
+
+# Two threads write while reading from this many nodes on (the helper's threshold).
+LARGE = 4_096
+
+
+class Pair(torch.nn.Module):
+    """An opaque child returning two values, whatever keywords it is given."""
+
+    def forward(self, x: torch.Tensor, *rest: object, **kw: object) -> tuple[torch.Tensor, ...]:
+        return x + 1, x * 2
+
+
+def mixed_gm(layers: int = 1500) -> fx.GraphModule:
+    """A root of every kind of node and argument: opaque calls with literal, pooled and nested
+    keyword arguments (identifier keys and not), getitems that fuse with their call and ones
+    that cannot, method calls, attributes, dotted calls, a default parameter, a name to
+    rename, and a nested output."""
+    root = torch.nn.Module()
+    for k in range(5):
+        root.add_module(f"m{k}", Pair())
+    root.register_buffer("w", torch.ones(3))
+    g = fx.Graph()
+    x = g.placeholder("x")
+    s = g.placeholder("s", default_value=3)
+    prev = x
+    odd = []
+    literals = [0.5, 1e-3, float("inf"), -0.0, 2**70, -7, "é\n'\"", b"\x00\xff", None, True]
+    for k in range(layers):
+        kwargs = {
+            "scale": literals[k % len(literals)],
+            "sizes": [s, 16, (1, 2.5)],
+            "dt": torch.float16 if k % 2 else torch.bfloat16,
+            "dev": torch.device("cpu"),
+            "d": {"a": prev, 1: x},
+        }
+        call = g.call_module(f"m{k % 5}", (prev, x, s), kwargs)
+        if k % 9 == 0:
+            odd.append((call, k))
+        first = g.call_function(operator.getitem, (call, 0))
+        if k % 4 == 0:  # used twice: no fusing
+            second = g.call_function(operator.getitem, (call, 1))
+            first = g.call_function(torch.add, (first, second))
+        if k % 7 == 0:
+            first = g.call_method("mul", (first, 2.0))
+        if k % 11 == 0:
+            first = g.call_function(operator.add, (first, g.get_attr("w")))
+        if k == layers // 2:
+            first.name = "é"  # renamed (identifiers are written in ASCII)
+        prev = first
+    g.output((prev, [x, s]))
+    gm = fx.GraphModule(root, g)
+    # A key that is no identifier (passed through `**{...}`), which fx's own code cannot pass.
+    for call, k in odd:
+        call.kwargs = {**call.kwargs, "not an identifier": k}
+    return gm
+
+
+def chain_gm(n: int) -> fx.GraphModule:
+    """``x`` then ``n - 2`` adds then the output: ``n`` nodes."""
+    g = fx.Graph()
+    prev = x = g.placeholder("x")
+    for k in range(n - 2):
+        prev = g.call_function(operator.add, (prev, x if k % 3 else 1))
+    g.output(prev)
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def whole_list_code(gm: fx.GraphModule) -> str:
+    return fxcodegen.emit(fxcodegen.serialize(gm))[0]
+
+
+def test_mixed_root_equals_the_code_written_from_the_whole_node_list() -> None:
+    gm = mixed_gm()
+    assert len(gm.graph.nodes) >= LARGE
+    gen = fxcodegen.generate(gm)
+    assert gen.code == whole_list_code(gm)
+    assert "**{" in gen.code and "float('inf')" in gen.code and gen.code.isascii()
+    assert "(2.5,)" not in gen.code and "(1, 2.5)" in gen.code
+    x = torch.arange(3.0)
+    fn = fxcodegen.compile_execution_fn(
+        gen.code, {n: gm.get_submodule(n) for n in gen.submod_names}, gen.submod_names, gen.consts
+    )
+    out, (x2, s2) = fn(x)
+    want, _ = fx.Interpreter(gm).run(x, 3)
+    assert torch.equal(out, want) and x2 is x and s2 == 3
+
+
+@pytest.mark.parametrize("n", [LARGE, LARGE + 1, 5 * 1024, 5 * 1024 + 1, 3 * LARGE - 1])
+def test_roots_ending_at_and_around_batch_ends(n: int) -> None:
+    gm = chain_gm(n)
+    assert len(gm.graph.nodes) == n
+    assert fxcodegen.generate(gm).code == whole_list_code(gm)
+
+
+def test_a_root_calling_an_inlined_child_is_read_again_whole() -> None:
+    """An inlined child's function comes from the node list: the root is then read again,
+    keeping its nodes, and the code is the same."""
+    gm = chain_gm(LARGE + 500)
+    child = chain_gm(10)
+    gm.add_module("child", child)
+    with gm.graph.inserting_before(list(gm.graph.nodes)[-1]):
+        call = gm.graph.call_module("child", (list(gm.graph.nodes)[-2],))
+    list(gm.graph.nodes)[-1].args = (call,)
+    gm.recompile()
+    gen = fxcodegen.generate(gm)
+    assert "def __fx_f0(" in gen.code
+    assert gen.code == whole_list_code(gm)
+
+
+def errors(gm: fx.GraphModule) -> tuple[str, str]:
+    with pytest.raises(fxcodegen.CodegenError) as streamed:
+        fxcodegen.generate(gm)
+    with pytest.raises(fxcodegen.CodegenError) as whole:
+        fxcodegen.serialize(gm)
+    return str(streamed.value), str(whole.value)
+
+
+@pytest.mark.parametrize("at", [1023, 1024, 3000])
+def test_nodes_after_the_output_fail_as_on_the_whole_list(at: int) -> None:
+    g = fx.Graph()
+    prev = x = g.placeholder("x")
+    for _ in range(at - 1):
+        prev = g.call_function(operator.add, (prev, x))
+    g.output(prev)
+    for _ in range(LARGE):
+        prev = g.call_function(operator.add, (prev, x))
+    streamed, whole = errors(fx.GraphModule(torch.nn.Module(), g))
+    assert streamed == whole and "output" in streamed
+
+
+def test_a_parameter_without_default_after_defaults_fails_as_on_the_whole_list() -> None:
+    g = fx.Graph()
+    early = [g.placeholder(f"p{k}") for k in range(1500)]
+    late = g.placeholder("late")
+    prev = late
+    for _ in range(LARGE):
+        prev = g.call_function(operator.add, (prev, late))
+    g.output(prev)
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    # Defaults (a placeholder's args) set after fx wrote its code, which would not compile.
+    for k, p in enumerate(early):
+        p.args = (k,)
+    streamed, whole = errors(gm)
+    assert streamed == whole and "late" in streamed
