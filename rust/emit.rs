@@ -228,7 +228,8 @@ mod kind {
     pub const DEFAULT: u8 = 4;
     /// A call, which may fuse with a getitem of it right after it (see [`super::fuses`]).
     pub const CALL: u8 = 8;
-    /// `v[i]` of the node right before, written as that node's name then `[i]`.
+    /// `v[i]` of the node right before: its right-hand side is `[i]`, which follows that
+    /// node's name, or its call when the two fuse.
     pub const ITEM_OF_PREV: u8 = 16;
 }
 
@@ -310,7 +311,23 @@ impl Body {
                 Op::CallModule | Op::CallFunction | Op::CallMethod => kind::CALL,
                 Op::GetAttr => 0,
             };
+            let item_of_prev = j > 0
+                && node.op == Op::CallFunction
+                && node.target == Target::Getitem
+                && node.args.len == 2
+                && node.kwargs.len == 0
+                && p.args[node.args.start as usize].node() == Some(j - 1);
             match node.op {
+                _ if item_of_prev => {
+                    bits |= kind::ITEM_OF_PREV;
+                    e.out.room(1 + 16 + 1);
+                    // SAFETY: room for '[', an argument and ']'.
+                    unsafe {
+                        e.out.byte(b'[');
+                        e.arg(p.args[node.args.start as usize + 1], names);
+                        e.out.byte(b']');
+                    }
+                }
                 Op::Placeholder if node.args.len == 1 => {
                     bits |= kind::DEFAULT;
                     e.out.room(16);
@@ -326,22 +343,22 @@ impl Body {
                 }
                 _ => e.expr(node, names),
             }
-            if j > 0
-                && node.op == Op::CallFunction
-                && node.target == Target::Getitem
-                && node.args.len == 2
-                && node.kwargs.len == 0
-                && p.args[node.args.start as usize].node() == Some(j - 1)
-            {
-                bits |= kind::ITEM_OF_PREV;
-            }
             self.ends.push(e.out.len() as u32);
             self.kinds.push(bits);
         }
         std::mem::swap(&mut e.out, &mut self.rhs);
     }
 
-    /// Node `j`'s right-hand side.
+    /// What node `j` computes: its right-hand side, after the name of the node it takes an
+    /// item of.
+    fn expr(&self, w: &mut impl Sink, j: usize, names: &Names) {
+        if self.kinds[j] & kind::ITEM_OF_PREV != 0 {
+            w.put(names.get(j as u32 - 1).as_bytes());
+        }
+        w.put(self.rhs(j));
+    }
+
+    /// Node `j`'s right-hand side as written.
     fn rhs(&self, j: usize) -> &[u8] {
         let start = match j {
             0 => 0,
@@ -386,13 +403,12 @@ impl Body {
                     .get(j + 1)
                     .is_some_and(|&b| b & kind::ITEM_OF_PREV != 0);
             if fused {
-                // `b = f(...)[i]`: the getitem's right-hand side is the call's name, then `[i]`.
-                let name = names.get(j as u32).len();
+                // `b = f(...)[i]`: the call's value never gets a name (nor a `del`).
                 w.put(b"    ");
                 w.put(names.get(j as u32 + 1).as_bytes());
                 w.put(b" = ");
-                w.put(self.rhs(j));
-                w.put(&self.rhs(j + 1)[name..]);
+                self.expr(w, j, names);
+                w.put(self.rhs(j + 1));
                 w.put(b"\n");
                 dels(w, live.after(j), live.after(j + 1), j as u32, names);
                 j += 2;
@@ -406,7 +422,7 @@ impl Body {
                 w.put(b"    ");
                 w.put(names.get(j as u32).as_bytes());
                 w.put(b" = ");
-                w.put(self.rhs(j));
+                self.expr(w, j, names);
                 w.put(b"\n");
             }
             dels(w, live.after(j), &[], u32::MAX, names);

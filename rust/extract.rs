@@ -771,9 +771,8 @@ impl<'py> Extractor<'py> {
             let op = unsafe { self.op(op_obj, &node)? };
             let name = unsafe { self.text_of(name_obj) }
                 .map_err(|_| node_error(&node, "the name is not a str"))?;
-            match &mut batch {
-                Some(b) if !full => b.text.push_str(name),
-                _ => {}
+            if let (Some(b), false) = (&mut batch, full) {
+                b.text.push_str(name);
             }
             let name = self.prog.push_str(name);
             let target =
@@ -806,9 +805,10 @@ impl<'py> Extractor<'py> {
                 args,
                 kwargs,
             });
-            if let (Some(b), Some(h)) = (&mut batch, &self.helper) {
+            // (The helper finds what it needs of a node handed over in full in the node.)
+            if let (Some(b), Some(h), false) = (&mut batch, &self.helper, full) {
                 b.push(name, op == Op::Output, &self.refs);
-                if b.nodes.len() == BATCH && !full {
+                if b.nodes.len() == BATCH {
                     h.send(std::mem::replace(b, h.batch(gi, n_nodes)));
                 }
             }

@@ -51,7 +51,7 @@ pub struct Helper {
 /// How many batches may be on their way to the helper or back before [`Helper::batch`] waits
 /// for one: a helper falling behind would otherwise have the reader fill new buffers for every
 /// batch (a batch handed over in full holds about 400 KiB).
-pub const IN_FLIGHT: usize = 2;
+pub const IN_FLIGHT: usize = 4;
 
 impl Helper {
     /// Starts the helper, or None where no thread can be started. With `streams` it also takes

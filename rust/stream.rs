@@ -5,15 +5,18 @@
 //! read; the emitter then only writes statements.
 
 use crate::emit::{Body, Layout, Style};
-use crate::ir::{Graph, Node, Program, Slot, Span};
+use crate::ir::{Graph, Node, Op, Program, Slot, Span};
 use crate::liveness::{Builder, Liveness};
 use crate::names::{hash_bytes, NameParts, Namer, Reserved};
 
 /// How many nodes go to the helper at a time.
 pub const BATCH: usize = 4096;
 
-/// How many nodes go at a time when they go in full ([`Full`]): a batch then holds about
-/// 130 bytes a node, and up to [`crate::helper::IN_FLIGHT`] of them are out at once.
+/// How many nodes go at a time when they go in full ([`Full`]): a batch then holds about 100
+/// bytes a node on a stitching graph (the node, its arguments, its text), and up to
+/// [`crate::helper::IN_FLIGHT`] batches are out at once. Smaller batches held less memory and
+/// made the reader wait on the helper more: at stitch 100k, 1,024 nodes and two out peaked at
+/// 2.83× the source, four out at 2.89×, 4,096 nodes and four out at 3.08×.
 pub const FULL_BATCH: usize = 1024;
 
 /// Consecutive nodes of one graph.
@@ -157,98 +160,60 @@ impl Streams {
                 self.graphs.len() - 1
             }
         };
-        let Stream {
-            namer,
-            live,
-            writer,
-            ..
-        } = &mut self.graphs[at];
         let reserved = Reserved {
             prefix: self.prefix,
             fn_name: &self.fn_name,
         };
-        if let (Some(f), Some((_, _, blobs))) = (&b.full, &mut *writer) {
-            namer.extend(&f.text);
-            blobs.extend_from_slice(&f.blobs);
-        }
+        let g = &mut self.graphs[at];
         // The names' hashes first, so that each one's slot in the uniqueness table can be
         // loaded a few nodes ahead: at a million nodes that table outgrows the caches, and
         // without it the helper fell behind the reader.
         let mut hashes = std::mem::take(&mut self.hashes);
         hashes.clear();
-        let mut t = 0;
-        for node in &b.nodes {
-            let len = node.name.len as usize;
-            let name = match writer {
-                Some(_) => namer
-                    .text()
-                    .as_bytes()
-                    .get(node.name.range())
-                    .unwrap_or(&[]),
-                None => &b.text.as_bytes()[t..t + len],
-            };
-            hashes.push(hash_bytes(name));
-            t += len;
-        }
-        for &h in hashes.iter().take(AHEAD) {
-            namer.prefetch(h);
-        }
-        let (mut t, mut r) = (0, 0);
-        for (k, node) in b.nodes.iter().enumerate() {
-            if let Some(&h) = hashes.get(k + AHEAD) {
-                namer.prefetch(h);
+        match (&mut b.full, &mut g.writer) {
+            (Some(f), Some(w)) => {
+                g.namer.extend(&f.text);
+                w.2.extend_from_slice(&f.blobs);
+                let text = g.namer.text().as_bytes();
+                for node in &f.nodes {
+                    hashes.push(hash_bytes(text.get(node.name.range()).unwrap_or(&[])));
+                }
+                name_all(&mut g.namer, &hashes, |namer, k, h| {
+                    namer.add_at(f.nodes[k].name, h, &reserved)
+                });
+                let layout = Layout {
+                    style: Style::Native,
+                    fn_name: &self.fn_name,
+                    with_submod: true,
+                    header: true,
+                };
+                write(&mut g.namer, &mut g.live, w, f, &layout);
             }
-            let len = node.name.len as usize;
-            match writer {
-                Some(_) => namer.add_at(node.name, hashes[k], &reserved),
-                None => namer.add(&b.text[t..t + len], hashes[k], node.name.start, &reserved),
+            _ => {
+                let mut t = 0;
+                for node in &b.nodes {
+                    let len = node.name.len as usize;
+                    hashes.push(hash_bytes(&b.text.as_bytes()[t..t + len]));
+                    t += len;
+                }
+                let mut t = 0;
+                name_all(&mut g.namer, &hashes, |namer, k, h| {
+                    let node = &b.nodes[k];
+                    let len = node.name.len as usize;
+                    namer.add(&b.text[t..t + len], h, node.name.start, &reserved);
+                    t += len;
+                });
+                let mut r = 0;
+                for node in &b.nodes {
+                    g.live.push(node.output);
+                    for &i in &b.refs[r..r + node.refs as usize] {
+                        g.live.mark(i);
+                    }
+                    r += node.refs as usize;
+                }
             }
-            t += len;
-            live.push(node.output);
-            for &i in &b.refs[r..r + node.refs as usize] {
-                live.mark(i);
-            }
-            r += node.refs as usize;
         }
         self.hashes = hashes;
-        if let (Some(f), Some((body, first, blobs))) = (&mut b.full, writer) {
-            let layout = Layout {
-                style: Style::Native,
-                fn_name: &self.fn_name,
-                with_submod: true,
-                header: true,
-            };
-            namer.lend(|text, parts| {
-                let p = Program {
-                    text,
-                    blobs: std::mem::take(blobs),
-                    args: std::mem::take(&mut f.args),
-                    wide: std::mem::take(&mut f.wide),
-                    graphs: vec![Graph {
-                        nodes: std::mem::take(&mut f.nodes),
-                    }],
-                    ..Program::default()
-                };
-                let names = parts.over(&p.text);
-                let nodes = &p.graphs[0].nodes;
-                body.write(&p, &layout, &names, nodes, *first);
-                *first += nodes.len() as u32;
-                let parts = names.into_parts();
-                // The buffers go back with the batch, for the reader to fill again.
-                let Program {
-                    text,
-                    blobs: b,
-                    args,
-                    wide,
-                    mut graphs,
-                    ..
-                } = p;
-                *blobs = b;
-                (f.args, f.wide) = (args, wide);
-                f.nodes = graphs.pop().map(|g| g.nodes).unwrap_or_default();
-                (text, parts, ())
-            });
-        }
     }
 
     /// Every graph's names and last uses; what remains is scratch: [`Streams::discard`] it.
@@ -274,6 +239,66 @@ impl Streams {
             g.live.discard();
         }
     }
+}
+
+/// Names the nodes whose name hashes are `hashes` with `add(namer, k, hash)`, loading each
+/// one's uniqueness-table slot a few nodes ahead.
+fn name_all(namer: &mut Namer, hashes: &[u64], mut add: impl FnMut(&mut Namer, usize, u64)) {
+    for &h in hashes.iter().take(AHEAD) {
+        namer.prefetch(h);
+    }
+    for (k, &h) in hashes.iter().enumerate() {
+        if let Some(&ahead) = hashes.get(k + AHEAD) {
+            namer.prefetch(ahead);
+        }
+        add(namer, k, h);
+    }
+}
+
+/// The last uses and right-hand sides of a batch handed over in full (named already), in a
+/// program built around the batch and the text copy; its buffers go back into the batch, for
+/// the reader to fill again.
+fn write(
+    namer: &mut Namer,
+    live: &mut Builder,
+    (body, first, blobs): &mut (Body, u32, Vec<u8>),
+    f: &mut Full,
+    layout: &Layout,
+) {
+    namer.lend(|text, parts| {
+        let p = Program {
+            text,
+            blobs: std::mem::take(blobs),
+            args: std::mem::take(&mut f.args),
+            wide: std::mem::take(&mut f.wide),
+            graphs: vec![Graph {
+                nodes: std::mem::take(&mut f.nodes),
+            }],
+            ..Program::default()
+        };
+        let nodes = &p.graphs[0].nodes;
+        for node in nodes {
+            live.push(node.op == Op::Output);
+            p.for_each_ref(node.args, &mut |i| live.mark(i));
+            p.for_each_ref(node.kwargs, &mut |i| live.mark(i));
+        }
+        let names = parts.over(&p.text);
+        body.write(&p, layout, &names, nodes, *first);
+        *first += nodes.len() as u32;
+        let parts = names.into_parts();
+        let Program {
+            text,
+            blobs: b,
+            args,
+            wide,
+            mut graphs,
+            ..
+        } = p;
+        *blobs = b;
+        (f.args, f.wide) = (args, wide);
+        f.nodes = graphs.pop().map(|g| g.nodes).unwrap_or_default();
+        (text, parts, ())
+    });
 }
 
 #[cfg(test)]

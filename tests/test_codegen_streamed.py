@@ -54,6 +54,10 @@ def mixed_gm(layers: int = 1500) -> fx.GraphModule:
         if k % 4 == 0:  # used twice: no fusing
             second = g.call_function(operator.getitem, (call, 1))
             first = g.call_function(torch.add, (first, second))
+        elif k % 4 == 1:  # an item of an item: the first getitem fuses with the second
+            inner = g.call_function(operator.getitem, (first, 0))
+            second = g.call_function(operator.getitem, (call, 1))
+            first = g.call_function(torch.add, (inner, second))
         if k % 7 == 0:
             first = g.call_method("mul", (first, 2.0))
         if k % 11 == 0:
