@@ -542,3 +542,128 @@ def execution_fn(a_placeholder_name_longer_than_32_b, b_sixteen_bytes_, c_sevent
 "#
     );
 }
+
+/// `p`'s root as the helper writes a root read in batches of `batch` nodes ([`Body`]): each
+/// batch in a program of its own (its arguments copied, spans counting from the batch's start,
+/// no submodules), then assembled around the names and last uses of the whole graph.
+fn written_in_batches(p: &Program, layout: &Layout, batch: usize) -> String {
+    use crate::emit::{Body, Count, Fill};
+    use crate::ir::{Node, Span};
+    use crate::names::{self, Reserved};
+
+    fn copy_args(p: &Program, b: &mut Program, s: Span) -> Span {
+        let items: Vec<Arg> = s
+            .range()
+            .map(|k| match p.arg(k) {
+                Arg::Tuple(s) => Arg::Tuple(copy_args(p, b, s)),
+                Arg::List(s) => Arg::List(copy_args(p, b, s)),
+                Arg::Dict(s) => Arg::Dict(copy_args(p, b, s)),
+                other => other,
+            })
+            .collect();
+        b.push_args(&items)
+    }
+
+    let g = &p.graphs[0];
+    let reserved = Reserved {
+        prefix: layout.style.prefix(),
+        fn_name: layout.fn_name,
+    };
+    let names = names::assign(p, g, &reserved);
+    let live = crate::liveness::compute(p, g);
+    let mut body = Body::default();
+    for (k, chunk) in g.nodes.chunks(batch).enumerate() {
+        let mut b = Program {
+            text: p.text.clone(),
+            blobs: p.blobs.clone(),
+            ..Program::default()
+        };
+        let nodes: Vec<Node> = chunk
+            .iter()
+            .map(|n| Node {
+                args: copy_args(p, &mut b, n.args),
+                kwargs: copy_args(p, &mut b, n.kwargs),
+                ..*n
+            })
+            .collect();
+        body.write(&b, layout, &names, &nodes, (k * batch) as u32);
+    }
+    let mut count = Count::default();
+    body.module(layout, &names, &live, &mut count);
+    let mut buf = vec![0; count.0];
+    let mut fill = Fill::new(&mut buf);
+    body.module(layout, &names, &live, &mut fill);
+    assert!(fill.full() && fill.ascii);
+    String::from_utf8(buf).expect("UTF-8")
+}
+
+/// Getitems of getitems (fused and not, the receiver a call or a getitem), values used twice,
+/// a parameter default and a nested output.
+fn items() -> Program {
+    let mut p = Program::default();
+    let g = p.add_graph();
+    let piece = p.add_submod("piece", SubmodKind::Opaque);
+    let x = p.add_placeholder(g, "x", None);
+    let s = p.add_placeholder(g, "s", Some(Arg::Float(1e-5)));
+    let item = |p: &mut Program, of: u32, i: i64, nm: &str| {
+        let args = [Arg::Node(of), Arg::Int(i)];
+        p.add_node(g, Op::CallFunction, nm, Target::Getitem, &args, &[])
+    };
+    let mut prev = x;
+    for k in 0..6 {
+        let kw = [("d", p.dict(&[(Arg::Int(k), Arg::Node(s))]))];
+        let c = p.add_node(
+            g,
+            Op::CallModule,
+            &format!("c{k}"),
+            Target::Submod(piece),
+            &[Arg::Node(prev)],
+            &kw,
+        );
+        let a = item(&mut p, c, 0, &format!("a{k}"));
+        prev = match k % 3 {
+            // `c` fuses with `a` (used once), so the item of `a` does not.
+            0 => item(&mut p, a, 1, &format!("b{k}")),
+            // An item of `a` right after it, which fuses with it; `c` used twice: no fusing.
+            1 => {
+                let b = item(&mut p, a, 2, &format!("b{k}"));
+                let other = item(&mut p, c, 1, &format!("o{k}"));
+                let l = p.list(&[Arg::Node(b), Arg::Node(other)]);
+                let t = p.push_str("torch.stack");
+                p.add_node(
+                    g,
+                    Op::CallFunction,
+                    &format!("t{k}"),
+                    Target::Name(t),
+                    &[l],
+                    &[],
+                )
+            }
+            _ => a,
+        };
+    }
+    let out = p.tuple(&[Arg::Node(prev), Arg::Node(x)]);
+    p.add_output(g, out);
+    p
+}
+
+#[test]
+fn a_root_written_in_batches_equals_the_emitted_one() {
+    let fused = |p: Program| {
+        let code = crate::codegen(&p, &native()).expect("codegen");
+        assert!(
+            code.contains("    a0 = __fx_s0(x, d={0: s})[0]\n"),
+            "{code}"
+        );
+        assert!(code.contains("    b1 = c1[0][2]\n"), "{code}");
+        p
+    };
+    for p in [stitching(), long_items(), fused(items())] {
+        p.validate().expect("valid");
+        let want = crate::codegen(&p, &native()).expect("codegen");
+        for batch in [1, 2, 3, 7, p.graphs[0].nodes.len()] {
+            let got = written_in_batches(&p, &native(), batch);
+            assert_eq!(got, want, "batches of {batch}");
+        }
+    }
+}
