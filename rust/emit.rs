@@ -207,7 +207,7 @@ pub fn emit_streamed(
 
 /// The root function of a native module written while its graph is read ([`crate::stream`]):
 /// each node's right-hand side as its batch comes in, then, once names and last uses are
-/// known, the whole function assembled around them ([`Body::function`]): the same text
+/// known, the whole function assembled around them ([`Body::module`]): the same text
 /// [`emit`] writes for the root, without ever holding the whole node list.
 #[derive(Debug, Default)]
 pub struct Body {
@@ -219,7 +219,7 @@ pub struct Body {
     kinds: Vec<u8>,
 }
 
-/// What [`Body::function`] needs to know of a node besides its text.
+/// What [`Body::module`] needs to know of a node besides its text.
 mod kind {
     /// A parameter: its right-hand side is its default, if [`DEFAULT`].
     pub const PLACEHOLDER: u8 = 1;
@@ -233,7 +233,7 @@ mod kind {
     pub const ITEM_OF_PREV: u8 = 16;
 }
 
-/// Where [`Body::function`] writes: first counted, then copied into a buffer of that length.
+/// Where [`Body::module`] writes: first counted, then copied into a buffer of that length.
 pub trait Sink {
     fn put(&mut self, s: &[u8]);
 }

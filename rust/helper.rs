@@ -12,7 +12,8 @@
 //!   unsupported (not Linux, kernels before 5.14) population stops and everything behaves as
 //!   without it.
 //! - **Names and last uses** ([`crate::stream`]), from copies the reader hands over in
-//!   batches, whose buffers come back for reuse.
+//!   batches, whose buffers come back for reuse; for a stitching root, its statements too,
+//!   from its nodes handed over in full. At most [`IN_FLIGHT`] batches are out at a time.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
@@ -50,7 +51,8 @@ pub struct Helper {
 
 /// How many batches may be on their way to the helper or back before [`Helper::batch`] waits
 /// for one: a helper falling behind would otherwise have the reader fill new buffers for every
-/// batch (a batch handed over in full holds about 400 KiB).
+/// batch (one of 1,024 nodes handed over in full holds about 100 KiB). With two, the reader
+/// waited more: stitch 1M took 0.602 of the floor against 0.559 with four (alternating runs).
 pub const IN_FLIGHT: usize = 4;
 
 impl Helper {

@@ -3,6 +3,13 @@
 //! the nodes it references, which is all [`crate::names::assign`] and
 //! [`crate::liveness::compute`] look at. Their results are the same as if computed after the
 //! read; the emitter then only writes statements.
+//!
+//! The root of a native module that calls no inlined child (a stitching graph) goes further:
+//! its nodes go over in full ([`Full`]), with their arguments and the program text added since
+//! the batch before, and the helper writes each node's right-hand side as well ([`Body`]). The
+//! reader then keeps none of the root's nodes (its arenas start over with every batch), and
+//! the source is assembled from the right-hand sides, names and last uses once the read ends,
+//! byte for byte what the emitter writes from the whole node list.
 
 use crate::emit::{Body, Layout, Style};
 use crate::ir::{Graph, Node, Op, Program, Slot, Span};
@@ -14,9 +21,9 @@ pub const BATCH: usize = 4096;
 
 /// How many nodes go at a time when they go in full ([`Full`]): a batch then holds about 100
 /// bytes a node on a stitching graph (the node, its arguments, its text), and up to
-/// [`crate::helper::IN_FLIGHT`] batches are out at once. Smaller batches held less memory and
-/// made the reader wait on the helper more: at stitch 100k, 1,024 nodes and two out peaked at
-/// 2.83× the source, four out at 2.89×, 4,096 nodes and four out at 3.08×.
+/// [`crate::helper::IN_FLIGHT`] batches are out at once. Smaller batches hold less memory and
+/// make the reader wait on the helper more: at stitch 100k, 1,024 nodes and two out peaked at
+/// 2.83 times the source, four out at 2.89, 4,096 nodes and four out at 3.08.
 pub const FULL_BATCH: usize = 1024;
 
 /// Consecutive nodes of one graph.
