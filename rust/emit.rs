@@ -251,30 +251,45 @@ impl Sink for Count {
 
 /// Fills a buffer of the counted length, noting whether everything written is ASCII.
 pub struct Fill<'b> {
-    buf: &'b mut [u8],
+    ptr: *mut u8,
+    len: usize,
     at: usize,
     pub ascii: bool,
+    _buf: std::marker::PhantomData<&'b mut [u8]>,
 }
 
 impl<'b> Fill<'b> {
     pub fn new(buf: &'b mut [u8]) -> Self {
+        // SAFETY: a slice is valid for writes of its length, for its lifetime.
+        unsafe { Fill::raw(buf.as_mut_ptr(), buf.len()) }
+    }
+
+    /// A fill of the `len` bytes at `ptr`, which need not be initialized yet.
+    ///
+    /// # Safety
+    /// They are valid for writes, and nothing else reads or writes them, for `'b`.
+    pub unsafe fn raw(ptr: *mut u8, len: usize) -> Self {
         Fill {
-            buf,
+            ptr,
+            len,
             at: 0,
             ascii: true,
+            _buf: std::marker::PhantomData,
         }
     }
 
     /// Whether exactly the whole buffer was written.
     pub fn full(&self) -> bool {
-        self.at == self.buf.len()
+        self.at == self.len
     }
 }
 
 impl Sink for Fill<'_> {
     #[inline(always)]
     fn put(&mut self, s: &[u8]) {
-        self.buf[self.at..self.at + s.len()].copy_from_slice(s);
+        assert!(s.len() <= self.len - self.at, "more written than counted");
+        // SAFETY: in bounds (checked above) of the buffer this fill may write.
+        unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), self.ptr.add(self.at), s.len()) };
         self.ascii &= s.is_ascii();
         self.at += s.len();
     }
@@ -308,15 +323,10 @@ impl Body {
             let mut bits = match node.op {
                 Op::Placeholder => kind::PLACEHOLDER,
                 Op::Output => kind::OUTPUT,
-                Op::CallModule | Op::CallFunction | Op::CallMethod => kind::CALL,
-                Op::GetAttr => 0,
+                op if is_call(op) => kind::CALL,
+                _ => 0,
             };
-            let item_of_prev = j > 0
-                && node.op == Op::CallFunction
-                && node.target == Target::Getitem
-                && node.args.len == 2
-                && node.kwargs.len == 0
-                && p.args[node.args.start as usize].node() == Some(j - 1);
+            let item_of_prev = j > 0 && item_of(p, node) == Some(j - 1);
             match node.op {
                 _ if item_of_prev => {
                     bits |= kind::ITEM_OF_PREV;
@@ -471,18 +481,22 @@ pub fn format_arg(p: &Program, arg: Arg, names: &Names, style: Style) -> String 
 /// (native layout only; vLLM's layout keeps one statement per node).
 fn fuses(p: &Program, style: Style, g: &Graph, live: &Liveness, j: usize) -> bool {
     style == Style::Native
-        && matches!(
-            g.nodes[j].op,
-            Op::CallModule | Op::CallFunction | Op::CallMethod
-        )
+        && is_call(g.nodes[j].op)
         && live.uses[j] == 1
-        && g.nodes.get(j + 1).is_some_and(|next| {
-            next.op == Op::CallFunction
-                && next.target == Target::Getitem
-                && next.args.len == 2
-                && next.kwargs.len == 0
-                && p.args[next.args.start as usize].node() == Some(j as u32)
-        })
+        && g.nodes.get(j + 1).and_then(|next| item_of(p, next)) == Some(j as u32)
+}
+
+fn is_call(op: Op) -> bool {
+    matches!(op, Op::CallModule | Op::CallFunction | Op::CallMethod)
+}
+
+/// The node whose item `node` takes, when it is a plain `v[i]` of a node (what a call before
+/// it may fuse with).
+fn item_of(p: &Program, node: &Node) -> Option<u32> {
+    match (node.op, node.target, node.args.len, node.kwargs.len) {
+        (Op::CallFunction, Target::Getitem, 2, 0) => p.args[node.args.start as usize].node(),
+        _ => None,
+    }
 }
 
 /// Names and last uses of `g`, worked out side by side by this thread and one more.

@@ -43,7 +43,7 @@ mod core_ext {
     use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
     use crate::emit::{
-        check_layout, default_threads, emit_streamed, format_arg, Count, Fill, Layout, Style,
+        check_layout, default_threads, emit_streamed, format_arg, Count, Fill, Layout, Sink, Style,
     };
     use crate::error::Error;
     use crate::extract::{Extractor, Pool};
@@ -98,19 +98,21 @@ mod core_ext {
         }
     }
 
-    /// The generated source (in pieces) as one Python str. Emitted code is ASCII (every
-    /// non-ASCII character of a literal is escaped), so the pieces are copied straight into a
-    /// compact ASCII string, each checked right after it is copied (while it is in cache;
-    /// checking the whole source first cost a pass over it); should one not be ASCII, the
-    /// string is dropped and the source decoded as UTF-8 instead.
-    fn source_str<'py, S: AsRef<str>>(
+    /// A Python str of `len` bytes that `write` writes through a [`Fill`]. Emitted code is
+    /// ASCII (every non-ASCII character of a literal is escaped), so it is written straight
+    /// into a compact ASCII string, each piece checked right after it is copied (while it is in
+    /// cache; checking the whole source first cost a pass over it); should one not be ASCII,
+    /// the string is dropped and `text` gives the source instead.
+    fn str_of<'py>(
         py: Python<'py>,
-        parts: &[S],
+        len: usize,
+        write: impl FnOnce(&mut Fill),
+        text: impl FnOnce() -> PyResult<String>,
     ) -> PyResult<Bound<'py, PyString>> {
-        let len: usize = parts.iter().map(|s| s.as_ref().len()).sum();
         // SAFETY: PyUnicode_New(n, 127) makes a compact ASCII string with an n-byte buffer,
-        // filled completely below before anything else can see the object, and dropped (zeroed
-        // first) unless every byte written is ASCII.
+        // which only the fill writes (bounds-checked) before anything else can see the object;
+        // it is kept only if every byte was written, all ASCII, and is zeroed and dropped
+        // otherwise.
         unsafe {
             let obj = pyo3::ffi::PyUnicode_New(len as pyo3::ffi::Py_ssize_t, 127);
             if obj.is_null() {
@@ -118,25 +120,29 @@ mod core_ext {
             }
             let data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
             let obj = Bound::from_owned_ptr(py, obj);
-            let ascii = {
+            let mut fill = Fill::raw(data, len);
+            {
                 let _helper = prefault(data, len);
-                let mut at = data;
-                let mut ascii = true;
-                for s in parts {
-                    let s = s.as_ref().as_bytes();
-                    std::ptr::copy_nonoverlapping(s.as_ptr(), at, s.len());
-                    ascii &= s.is_ascii();
-                    at = at.add(s.len());
-                }
-                ascii
-            };
-            if ascii {
+                write(&mut fill);
+            }
+            if fill.ascii && fill.full() {
                 return Ok(obj.cast_into_unchecked());
             }
             std::ptr::write_bytes(data, 0, len);
         }
-        let joined: String = parts.iter().map(AsRef::as_ref).collect();
-        Ok(PyString::new(py, &joined))
+        Ok(PyString::new(py, &text()?))
+    }
+
+    /// The generated source (in pieces) as one Python str.
+    fn source_str<'py, S: AsRef<str>>(
+        py: Python<'py>,
+        parts: &[S],
+    ) -> PyResult<Bound<'py, PyString>> {
+        let len: usize = parts.iter().map(|s| s.as_ref().len()).sum();
+        let write = |w: &mut Fill| parts.iter().for_each(|s| w.put(s.as_ref().as_bytes()));
+        str_of(py, len, write, || {
+            Ok(parts.iter().map(AsRef::as_ref).collect())
+        })
     }
 
     /// A large source lands in fresh pages: a helper that faults in all but the first quarter
@@ -155,8 +161,7 @@ mod core_ext {
     }
 
     /// The module around a root the helper wrote ([`crate::emit::Body`]), assembled straight
-    /// into a Python str (a compact ASCII one, as [`source_str`] makes, unless a name is not
-    /// ASCII).
+    /// into a Python str.
     fn root_str<'py>(
         py: Python<'py>,
         layout: &Layout,
@@ -166,33 +171,14 @@ mod core_ext {
     ) -> PyResult<Bound<'py, PyString>> {
         let mut count = Count::default();
         root.body.module(layout, names, live, &mut count);
-        let len = count.0;
-        // SAFETY: as in `source_str`: the string's buffer is written whole (`Fill` checks its
-        // bounds) before anything else can see it, and dropped (zeroed first) unless ASCII.
-        unsafe {
-            let obj = pyo3::ffi::PyUnicode_New(len as pyo3::ffi::Py_ssize_t, 127);
-            if obj.is_null() {
-                return Err(PyErr::fetch(py));
-            }
-            let data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
-            let obj = Bound::from_owned_ptr(py, obj);
-            let mut fill = Fill::new(std::slice::from_raw_parts_mut(data, len));
-            {
-                let _helper = prefault(data, len);
-                root.body.module(layout, names, live, &mut fill);
-            }
-            debug_assert!(fill.full());
-            if fill.ascii {
-                return Ok(obj.cast_into_unchecked());
-            }
-            std::ptr::write_bytes(data, 0, len);
-        }
-        let mut bytes = vec![0; len];
-        root.body
-            .module(layout, names, live, &mut Fill::new(&mut bytes));
-        let text = String::from_utf8(bytes)
-            .map_err(|_| Error::Invalid("generated source is not UTF-8".into()))?;
-        Ok(PyString::new(py, &text))
+        let write = |w: &mut Fill| root.body.module(layout, names, live, w);
+        let text = || {
+            let mut bytes = vec![0; count.0];
+            write(&mut Fill::new(&mut bytes));
+            String::from_utf8(bytes)
+                .map_err(|_| Error::Invalid("generated source is not UTF-8".into()).into())
+        };
+        str_of(py, count.0, write, text)
     }
 
     fn submod_names(p: &crate::Program) -> Vec<String> {
