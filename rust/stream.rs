@@ -121,9 +121,17 @@ struct Stream {
     graph: u32,
     namer: Namer,
     live: Builder,
-    /// For a root handed over in full: its statements so far, how many nodes they cover and
-    /// the program's blobs.
-    writer: Option<(Body, u32, Vec<u8>)>,
+    /// For a root handed over in full.
+    writer: Option<Writer>,
+}
+
+/// A root's statements written so far.
+struct Writer {
+    body: Body,
+    /// How many nodes `body` covers.
+    first: u32,
+    /// A copy of the program's blobs (the namer holds the copy of its text).
+    blobs: Vec<u8>,
 }
 
 /// How many nodes ahead [`Streams::take`] loads a name's uniqueness-table slot.
@@ -162,7 +170,11 @@ impl Streams {
                         false => Namer::new(n),
                     },
                     live: Builder::with_capacity(n),
-                    writer: full.then(|| (Body::with_capacity(n), 0, Vec::new())),
+                    writer: full.then(|| Writer {
+                        body: Body::with_capacity(n),
+                        first: 0,
+                        blobs: Vec::new(),
+                    }),
                 });
                 self.graphs.len() - 1
             }
@@ -180,7 +192,7 @@ impl Streams {
         match (&mut b.full, &mut g.writer) {
             (Some(f), Some(w)) => {
                 g.namer.extend(&f.text);
-                w.2.extend_from_slice(&f.blobs);
+                w.blobs.extend_from_slice(&f.blobs);
                 let text = g.namer.text().as_bytes();
                 for node in &f.nodes {
                     hashes.push(hash_bytes(text.get(node.name.range()).unwrap_or(&[])));
@@ -231,8 +243,8 @@ impl Streams {
                 graph: g.graph,
                 names: g.namer.finish(),
                 live: g.live.finish(),
-                root: g.writer.take().map(|(body, _, _)| Root {
-                    body,
+                root: g.writer.take().map(|w| Root {
+                    body: w.body,
                     text: g.namer.take_text(),
                 }),
             })
@@ -268,7 +280,7 @@ fn name_all(namer: &mut Namer, hashes: &[u64], mut add: impl FnMut(&mut Namer, u
 fn write(
     namer: &mut Namer,
     live: &mut Builder,
-    (body, first, blobs): &mut (Body, u32, Vec<u8>),
+    Writer { body, first, blobs }: &mut Writer,
     f: &mut Full,
     layout: &Layout,
 ) {
