@@ -508,6 +508,8 @@ pub struct Extractor<'py> {
     /// (whose function the program would need, and whose nodes share the root's arenas):
     /// read again with [`Extractor::without_statements`].
     pub abandoned: bool,
+    /// Whether a root's nodes went to the helper in full (the program then holds none of them).
+    pub handed_over: bool,
     /// The nodes the current node references, in order.
     refs: Vec<u32>,
 }
@@ -616,6 +618,7 @@ impl<'py> Extractor<'py> {
             statements: false,
             writing_root: false,
             abandoned: false,
+            handed_over: false,
             refs: Vec::new(),
         })
     }
@@ -868,6 +871,7 @@ impl<'py> Extractor<'py> {
         let mut done = std::mem::replace(b, next);
         done.full = Some(f);
         h.send(done);
+        self.handed_over = true;
         Ok(count)
     }
 

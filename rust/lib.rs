@@ -226,21 +226,37 @@ mod core_ext {
             (Some(c), None) => Pool::seeded(c, &PyDict::new(py)),
             _ => Ok(Pool::new()),
         };
-        let mut ex = Extractor::new(py, resolver.clone(), pool()?)?;
-        ex.stream_for(&layout);
-        if let Err(e) = ex.run(gm) {
-            if !ex.abandoned {
-                return Err(e);
-            }
-            // The root calls an inlined child: read it again, keeping every node.
-            drop(ex);
-            ex = Extractor::new(py, resolver.clone(), pool()?)?;
+        // Reads `gm`, a stitching root's statements written on the helper unless `statements`
+        // is false; None when reading stopped for an inlined child of such a root.
+        let read = |statements: bool| -> PyResult<Option<Extractor<'py>>> {
+            let mut ex = Extractor::new(py, resolver.clone(), pool()?)?;
             ex.stream_for(&layout);
-            ex.without_statements();
-            ex.run(gm)?;
-        }
+            if !statements {
+                ex.without_statements();
+            }
+            match ex.run(gm) {
+                Ok(()) => Ok(Some(ex)),
+                Err(_) if ex.abandoned => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        // Only a root written on the helper is abandoned.
+        let whole =
+            || read(false)?.ok_or_else(|| PyErr::from(Error::Invalid("reading stopped".into())));
+        let mut ex = match read(true)? {
+            Some(ex) => ex,
+            // The root calls an inlined child: read it again, keeping every node.
+            None => whole()?,
+        };
         check_layout(&ex.prog, &layout)?;
         let mut streamed = ex.take_streamed();
+        if ex.handed_over && !streamed.iter().any(|s| s.root.is_some()) {
+            // The helper ended without writing the root it was handed (its thread failed), and
+            // the program holds none of the root's nodes: read again, keeping every node.
+            drop((ex, streamed));
+            ex = whole()?;
+            streamed = ex.take_streamed();
+        }
         if let Some(at) = streamed.iter().position(|s| s.root.is_some()) {
             // The helper wrote the root, the only graph (an inlined child would have stopped
             // it): the program holds no node of it.

@@ -191,6 +191,11 @@ impl Streams {
         hashes.clear();
         match (&mut b.full, &mut g.writer) {
             (Some(f), Some(w)) => {
+                // A test hook: `FXCODEGEN_FAILPOINT=helper` makes the helper fail here, so the
+                // tests can see `generate` recover from a helper thread that ends early.
+                static FAIL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+                let fail = || std::env::var("FXCODEGEN_FAILPOINT").is_ok_and(|v| v == "helper");
+                assert!(!*FAIL.get_or_init(fail), "FXCODEGEN_FAILPOINT=helper");
                 g.namer.extend(&f.text);
                 w.blobs.extend_from_slice(&f.blobs);
                 let text = g.namer.text().as_bytes();

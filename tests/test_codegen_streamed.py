@@ -7,6 +7,10 @@ writes while reading), and must fail the same way on graphs it cannot handle.
 from __future__ import annotations
 
 import operator
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import fxcodegen
 import pytest
@@ -160,3 +164,23 @@ def test_a_parameter_without_default_after_defaults_fails_as_on_the_whole_list()
         p.args = (k,)
     streamed, whole = errors(gm)
     assert streamed == whole and "late" in streamed
+
+
+def test_a_helper_thread_that_fails_costs_a_second_read_not_the_code() -> None:
+    """The program keeps none of a root handed to the helper in full: should the helper end
+    without writing it (its thread failed; a test hook makes it panic), the graph is read
+    again and the code is the same."""
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import fxcodegen, test_codegen_streamed"
+        " as T; gm = T.mixed_gm(); print(fxcodegen.generate(gm).code == T.whole_list_code(gm))"
+    )
+    env = {**os.environ, "FXCODEGEN_FAILPOINT": "helper"}
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(Path(__file__).parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert run.stdout.strip() == "True"
+    assert "FXCODEGEN_FAILPOINT=helper" in run.stderr  # the helper did fail
