@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +13,20 @@ import torch
 from torch import fx
 
 SURFACES = ("native", "vllm")
+
+
+def fresh_python(
+    code: str, env: dict[str, str], *args: str, check: bool = False
+) -> subprocess.CompletedProcess:
+    """``python -c code *args`` in a fresh process, with ``env`` over this one's environment,
+    its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=check,
+    )
 
 
 def raw_gm(graph: fx.Graph, root: torch.nn.Module | None = None) -> fx.GraphModule:

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
-import os
 import random
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ from typing import Any
 import fxcodegen
 import pytest
 import torch
+from conftest import fresh_python
 from fxcodegen.compat import vllm
 from torch import fx
 
@@ -322,14 +320,7 @@ def one_thread_code_hash(code_expr: str) -> str:
         "import fxcodegen, test_codegen_differential as T; from fxcodegen.compat import vllm;"
         f"print(hashlib.sha256(({code_expr}).encode()).hexdigest())"
     )
-    env = {**os.environ, "FXCODEGEN_THREADS": "1"}
-    one = subprocess.run(
-        [sys.executable, "-c", script, str(Path(__file__).parent)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    one = fresh_python(script, {"FXCODEGEN_THREADS": "1"}, str(Path(__file__).parent), check=True)
     return one.stdout.strip()
 
 

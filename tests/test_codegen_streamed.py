@@ -7,14 +7,12 @@ writes while reading), and must fail the same way on graphs it cannot handle.
 from __future__ import annotations
 
 import operator
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import fxcodegen
 import pytest
 import torch
+from conftest import fresh_python, raw_gm
 from torch import fx
 
 # Two threads write while reading from this many nodes on (the helper's threshold).
@@ -41,7 +39,6 @@ def mixed_gm(layers: int = 1500) -> fx.GraphModule:
     x = g.placeholder("x")
     s = g.placeholder("s", default_value=3)
     prev = x
-    odd = []
     literals = [0.5, 1e-3, float("inf"), -0.0, 2**70, -7, "é\n'\"", b"\x00\xff", None, True]
     for k in range(layers):
         kwargs = {
@@ -51,9 +48,9 @@ def mixed_gm(layers: int = 1500) -> fx.GraphModule:
             "dev": torch.device("cpu"),
             "d": {"a": prev, 1: x},
         }
+        if k % 9 == 0:  # a key that is no identifier (passed through `**{...}`)
+            kwargs["not an identifier"] = k
         call = g.call_module(f"m{k % 5}", (prev, x, s), kwargs)
-        if k % 9 == 0:
-            odd.append((call, k))
         first = g.call_function(operator.getitem, (call, 0))
         if k % 4 == 0:  # used twice: no fusing
             second = g.call_function(operator.getitem, (call, 1))
@@ -70,11 +67,7 @@ def mixed_gm(layers: int = 1500) -> fx.GraphModule:
             first.name = "é"  # renamed (identifiers are written in ASCII)
         prev = first
     g.output((prev, [x, s]))
-    gm = fx.GraphModule(root, g)
-    # A key that is no identifier (passed through `**{...}`), which fx's own code cannot pass.
-    for call, k in odd:
-        call.kwargs = {**call.kwargs, "not an identifier": k}
-    return gm
+    return raw_gm(g, root)
 
 
 def chain_gm(n: int) -> fx.GraphModule:
@@ -152,17 +145,14 @@ def test_nodes_after_the_output_fail_as_on_the_whole_list(at: int) -> None:
 
 def test_a_parameter_without_default_after_defaults_fails_as_on_the_whole_list() -> None:
     g = fx.Graph()
-    early = [g.placeholder(f"p{k}") for k in range(1500)]
+    for k in range(1500):
+        g.placeholder(f"p{k}", default_value=k)
     late = g.placeholder("late")
     prev = late
     for _ in range(LARGE):
         prev = g.call_function(operator.add, (prev, late))
     g.output(prev)
-    gm = fx.GraphModule(torch.nn.Module(), g)
-    # Defaults (a placeholder's args) set after fx wrote its code, which would not compile.
-    for k, p in enumerate(early):
-        p.args = (k,)
-    streamed, whole = errors(gm)
+    streamed, whole = errors(raw_gm(g))
     assert streamed == whole and "late" in streamed
 
 
@@ -174,13 +164,7 @@ def test_a_helper_thread_that_fails_costs_a_second_read_not_the_code() -> None:
         "import sys; sys.path.insert(0, sys.argv[1]); import fxcodegen, test_codegen_streamed"
         " as T; gm = T.mixed_gm(); print(fxcodegen.generate(gm).code == T.whole_list_code(gm))"
     )
-    env = {**os.environ, "FXCODEGEN_FAILPOINT": "helper"}
-    run = subprocess.run(
-        [sys.executable, "-c", script, str(Path(__file__).parent)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    env = {"FXCODEGEN_FAILPOINT": "helper"}
+    run = fresh_python(script, env, str(Path(__file__).parent), check=True)
     assert run.stdout.strip() == "True"
     assert "FXCODEGEN_FAILPOINT=helper" in run.stderr  # the helper did fail

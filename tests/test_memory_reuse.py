@@ -1,22 +1,15 @@
 """The core keeps the large blocks a call frees at its end for the next call (no page faults on
 them again), up to ``FXCODEGEN_RETAIN_MB``; ``fxcodegen.release_memory()`` hands them back."""
 
-import os
 import subprocess
-import sys
 
 import pytest
+from conftest import fresh_python
 
 
 def run(code: str, retain: str) -> subprocess.CompletedProcess:
     """``code`` in a fresh process with ``FXCODEGEN_RETAIN_MB=retain`` (whatever this one has)."""
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "FXCODEGEN_RETAIN_MB": retain},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return fresh_python(code, {"FXCODEGEN_RETAIN_MB": retain})
 
 
 REUSE = """
