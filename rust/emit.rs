@@ -249,12 +249,14 @@ impl Sink for Count {
     }
 }
 
-/// Fills a buffer of the counted length, noting whether everything written is ASCII.
+/// Fills a buffer of the counted length, noting whether everything written is ASCII. Should
+/// more come than was counted, it stops writing and is never [`Fill::full`].
 pub struct Fill<'b> {
     ptr: *mut u8,
     len: usize,
     at: usize,
     pub ascii: bool,
+    over: bool,
     _buf: std::marker::PhantomData<&'b mut [u8]>,
 }
 
@@ -274,20 +276,24 @@ impl<'b> Fill<'b> {
             len,
             at: 0,
             ascii: true,
+            over: false,
             _buf: std::marker::PhantomData,
         }
     }
 
     /// Whether exactly the whole buffer was written.
     pub fn full(&self) -> bool {
-        self.at == self.len
+        self.at == self.len && !self.over
     }
 }
 
 impl Sink for Fill<'_> {
     #[inline(always)]
     fn put(&mut self, s: &[u8]) {
-        assert!(s.len() <= self.len - self.at, "more written than counted");
+        if self.over || s.len() > self.len - self.at {
+            self.over = true;
+            return;
+        }
         // SAFETY: in bounds (checked above) of the buffer this fill may write.
         unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), self.ptr.add(self.at), s.len()) };
         self.ascii &= s.is_ascii();

@@ -667,3 +667,20 @@ fn a_root_written_in_batches_equals_the_emitted_one() {
         }
     }
 }
+
+#[test]
+fn a_fill_given_more_than_counted_stops_and_is_not_full() {
+    use crate::emit::{Fill, Sink};
+    let mut buf = [0u8; 4];
+    let mut fill = Fill::new(&mut buf);
+    fill.put(b"abc");
+    assert!(!fill.full());
+    fill.put(b"de");
+    fill.put(b"f");
+    assert!(!fill.full(), "more came than was counted");
+    assert_eq!(&buf, b"abc\0");
+    let mut buf = [0u8; 4];
+    let mut fill = Fill::new(&mut buf);
+    fill.put(b"abcd");
+    assert!(fill.full() && fill.ascii);
+}

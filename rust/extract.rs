@@ -496,8 +496,9 @@ pub struct Extractor<'py> {
     /// Populates the arenas' next pages on another thread while large graphs are read, and
     /// works out their names and last uses when `stream` is set.
     helper: Option<Helper>,
-    /// The layout's name prefix and entry function, when names are worked out while reading.
-    stream: Option<(&'static str, String)>,
+    /// The layout's name prefix, entry function and header, when names are worked out while
+    /// reading.
+    stream: Option<(&'static str, String, bool)>,
     /// Whether a large root's statements are written on the helper while it is read (native
     /// layouts that allow submodules): its nodes then go to the helper in full, batch by batch,
     /// and the program keeps none of them ([`crate::emit::Body`]).
@@ -626,7 +627,11 @@ impl<'py> Extractor<'py> {
     /// Has the names and last uses of large graphs worked out on the helper thread while they
     /// are read, for emitting with `layout` ([`Extractor::take_streamed`]).
     pub fn stream_for(&mut self, layout: &Layout) {
-        self.stream = Some((layout.style.prefix(), layout.fn_name.to_string()));
+        self.stream = Some((
+            layout.style.prefix(),
+            layout.fn_name.to_string(),
+            layout.header,
+        ));
         self.statements = layout.style == Style::Native && layout.with_submod;
     }
 
@@ -657,9 +662,9 @@ impl<'py> Extractor<'py> {
         Ok(())
     }
 
-    /// Drops the extractor, handing the pages of its program and tables back to the system
-    /// first (see [`Program::discard`]).
-    pub fn discard(mut self) {
+    /// Empties the program and the child table, handing their pages back to the system first
+    /// (see [`Program::discard`]); the pool and the helper stay.
+    pub fn discard_program(&mut self) {
         std::mem::take(&mut self.prog).discard();
         std::mem::replace(&mut self.submods, Table::with_capacity(0)).discard();
     }
@@ -671,6 +676,11 @@ impl<'py> Extractor<'py> {
             Some(h) => h.finish(),
             None => Vec::new(),
         }
+    }
+
+    /// Waits for the helper thread to end (it hands its scratch memory back first).
+    pub fn end_helper(&mut self) {
+        drop(self.helper.take());
     }
 
     fn graph(&mut self, gm: &Bound<'py, PyAny>, prefix: &str, depth: usize) -> PyResult<u32> {
@@ -704,7 +714,7 @@ impl<'py> Extractor<'py> {
         let mut index = NodeIndex::with_capacity(n_nodes);
         let large = n_nodes >= PARALLEL_MIN_NODES;
         if large && self.helper.is_none() && default_threads() > 1 {
-            let streams = self.stream.as_ref().map(|(p, f)| Streams::new(p, f));
+            let streams = self.stream.as_ref().map(|(p, f, h)| Streams::new(p, f, *h));
             self.helper = Helper::start(streams);
         }
         let mut batch = match &self.helper {

@@ -101,8 +101,9 @@ mod core_ext {
     /// A Python str of `len` bytes that `write` writes through a [`Fill`]. Emitted code is
     /// ASCII (every non-ASCII character of a literal is escaped), so it is written straight
     /// into a compact ASCII string, each piece checked right after it is copied (while it is in
-    /// cache; checking the whole source first cost a pass over it); should one not be ASCII,
-    /// the string is dropped and `text` gives the source instead.
+    /// cache; checking the whole source first cost a pass over it); should one not be ASCII, or
+    /// the pieces not fill exactly `len` bytes, the string is dropped and `text` gives the
+    /// source instead.
     fn str_of<'py>(
         py: Python<'py>,
         len: usize,
@@ -169,16 +170,18 @@ mod core_ext {
         names: &Names,
         live: &Liveness,
     ) -> PyResult<Bound<'py, PyString>> {
-        let mut count = Count::default();
-        root.body.module(layout, names, live, &mut count);
         let write = |w: &mut Fill| root.body.module(layout, names, live, w);
+        // Only when the str could not be filled: counted again, so that a length the helper
+        // got wrong can never show in the source.
         let text = || {
+            let mut count = Count::default();
+            root.body.module(layout, names, live, &mut count);
             let mut bytes = vec![0; count.0];
             write(&mut Fill::new(&mut bytes));
             String::from_utf8(bytes)
                 .map_err(|_| Error::Invalid("generated source is not UTF-8".into()).into())
         };
-        str_of(py, count.0, write, text)
+        str_of(py, root.len, write, text)
     }
 
     fn submod_names(p: &crate::Program) -> Vec<String> {
@@ -249,27 +252,36 @@ mod core_ext {
             None => whole()?,
         };
         check_layout(&ex.prog, &layout)?;
-        let mut streamed = ex.take_streamed();
-        if ex.handed_over && !streamed.iter().any(|s| s.root.is_some()) {
-            // The helper ended without writing the root it was handed (its thread failed), and
-            // the program holds none of the root's nodes: read again, keeping every node.
-            drop((ex, streamed));
-            ex = whole()?;
-            streamed = ex.take_streamed();
-        }
-        if let Some(at) = streamed.iter().position(|s| s.root.is_some()) {
-            // The helper wrote the root, the only graph (an inlined child would have stopped
-            // it): the program holds no node of it.
-            let s = streamed.swap_remove(at);
+        if ex.handed_over {
+            // The helper was handed the root in full: while it finishes (its last batches, the
+            // names, last uses and the module's length), this thread lists the submodules and
+            // hands the program back. The program holds no node of the root, which is the
+            // only graph (an inlined child would have stopped the read).
             let names = submod_list(py, &mut ex)?;
-            let out = write_back(py, &ex.pool, consts, const_index)?;
-            ex.discard();
-            let Some(root) = s.root else { unreachable!() };
-            let source = root_str(py, &layout, &root, &s.names.over(&root.text), &s.live)?;
-            let _keep = crate::alloc::Keep::new();
-            drop(root);
-            return Ok((source, names, out));
+            ex.discard_program();
+            let written = ex
+                .take_streamed()
+                .into_iter()
+                .find_map(|s| Some((s.root?, s.names, s.live)));
+            match written {
+                Some((root, parts, live)) => {
+                    let out = write_back(py, &ex.pool, consts, const_index)?;
+                    // The helper hands its scratch back before the str takes memory (peak).
+                    ex.end_helper();
+                    let source = root_str(py, &layout, &root, &parts.over(&root.text), &live)?;
+                    let _keep = crate::alloc::Keep::new();
+                    drop(root);
+                    return Ok((source, names, out));
+                }
+                // The helper ended without writing the root (its thread failed): read again,
+                // keeping every node.
+                None => {
+                    drop(ex);
+                    ex = whole()?;
+                }
+            }
         }
+        let streamed = ex.take_streamed();
         let prog = &ex.prog;
         let code = py.detach(|| emit_streamed(prog, &layout, default_threads(), streamed));
         let names = submod_list(py, &mut ex)?;

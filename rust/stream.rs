@@ -11,7 +11,7 @@
 //! the source is assembled from the right-hand sides, names and last uses once the read ends,
 //! byte for byte what the emitter writes from the whole node list.
 
-use crate::emit::{Body, Layout, Style};
+use crate::emit::{Body, Count, Layout, Style};
 use crate::ir::{Graph, Node, Op, Program, Slot, Span};
 use crate::liveness::{Builder, Liveness};
 use crate::names::{hash_bytes, NameParts, Namer, Reserved};
@@ -109,11 +109,13 @@ pub struct Streamed {
     pub root: Option<Root>,
 }
 
-/// A root function the helper wrote: its statements and the program text its names point into.
+/// A root function the helper wrote: its statements, the program text its names point into,
+/// and the length of the module [`Body::module`] assembles around them.
 #[derive(Debug)]
 pub struct Root {
     pub body: Body,
     pub text: String,
+    pub len: usize,
 }
 
 /// One graph the helper is handed.
@@ -141,17 +143,21 @@ const AHEAD: usize = 8;
 pub struct Streams {
     prefix: &'static str,
     fn_name: String,
+    /// Whether a written root's module starts with the imports ([`Layout::header`]).
+    header: bool,
     graphs: Vec<Stream>,
     /// Scratch: the hashes of a batch's names.
     hashes: Vec<u64>,
 }
 
 impl Streams {
-    /// Streams for a layout whose names start with `prefix` and whose entry is `fn_name`.
-    pub fn new(prefix: &'static str, fn_name: &str) -> Streams {
+    /// Streams for a layout whose names start with `prefix`, whose entry is `fn_name` and
+    /// whose module starts with the imports if `header`.
+    pub fn new(prefix: &'static str, fn_name: &str, header: bool) -> Streams {
         Streams {
             prefix,
             fn_name: fn_name.to_string(),
+            header,
             graphs: Vec::new(),
             hashes: Vec::new(),
         }
@@ -205,12 +211,7 @@ impl Streams {
                 name_all(&mut g.namer, &hashes, |namer, k, h| {
                     namer.add_at(f.nodes[k].name, h, &reserved)
                 });
-                let layout = Layout {
-                    style: Style::Native,
-                    fn_name: &self.fn_name,
-                    with_submod: true,
-                    header: true,
-                };
+                let layout = root_layout(&self.fn_name, self.header);
                 write(&mut g.namer, &mut g.live, w, f, &layout);
             }
             _ => {
@@ -240,18 +241,34 @@ impl Streams {
         self.hashes = hashes;
     }
 
-    /// Every graph's names and last uses; what remains is scratch: [`Streams::discard`] it.
+    /// Every graph's names and last uses, and a written root's length (counted here, while
+    /// the reader hands its program back); what remains is scratch: [`Streams::discard`] it.
     pub fn finish(&mut self) -> Vec<Streamed> {
+        let layout = root_layout(&self.fn_name, self.header);
         let graphs = self.graphs.iter_mut();
         graphs
-            .map(|g| Streamed {
-                graph: g.graph,
-                names: g.namer.finish(),
-                live: g.live.finish(),
-                root: g.writer.take().map(|w| Root {
-                    body: w.body,
-                    text: g.namer.take_text(),
-                }),
+            .map(|g| {
+                let names = g.namer.finish();
+                let live = g.live.finish();
+                let (names, root) = match g.writer.take() {
+                    Some(w) => {
+                        let text = g.namer.take_text();
+                        let over = names.over(&text);
+                        let mut count = Count::default();
+                        w.body.module(&layout, &over, &live, &mut count);
+                        let names = over.into_parts();
+                        let len = count.0;
+                        let body = w.body;
+                        (names, Some(Root { body, text, len }))
+                    }
+                    None => (names, None),
+                };
+                Streamed {
+                    graph: g.graph,
+                    names,
+                    live,
+                    root,
+                }
             })
             .collect()
     }
@@ -262,6 +279,16 @@ impl Streams {
             g.namer.discard();
             g.live.discard();
         }
+    }
+}
+
+/// The layout of a root written on the helper: only a native module's is.
+fn root_layout(fn_name: &str, header: bool) -> Layout<'_> {
+    Layout {
+        style: Style::Native,
+        fn_name,
+        with_submod: true,
+        header,
     }
 }
 
@@ -417,7 +444,7 @@ mod tests {
                 prefix: style.prefix(),
                 fn_name: layout.fn_name,
             };
-            let mut s = Streams::new(style.prefix(), layout.fn_name);
+            let mut s = Streams::new(style.prefix(), layout.fn_name, layout.header);
             for mut b in batches(&p) {
                 s.take(&mut b);
             }

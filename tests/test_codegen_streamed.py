@@ -107,6 +107,23 @@ def test_roots_ending_at_and_around_batch_ends(n: int) -> None:
     assert fxcodegen.generate(gm).code == whole_list_code(gm)
 
 
+def test_a_written_root_follows_the_layout_entry_name_and_header() -> None:
+    """The helper counts the module it wrote for the layout it was given: another entry name,
+    and a module without the imports, come out whole."""
+    from fxcodegen import _core
+    from fxcodegen.codegen import _resolve_target
+
+    gm = mixed_gm()
+    want = whole_list_code(gm).replace("def execution_fn(", "def entry(", 1)
+    for header in (True, False):
+        code, _, _ = _core.generate(
+            gm, _resolve_target, "native", "entry", True, None, None, header
+        )
+        imports = "import torch\nimport operator\n"
+        assert code == (want if header else want.removeprefix(imports))
+        assert code.startswith(imports) == header
+
+
 def test_a_root_calling_an_inlined_child_is_read_again_whole() -> None:
     """An inlined child's function comes from the node list: the root is then read again,
     keeping its nodes, and the code is the same."""
