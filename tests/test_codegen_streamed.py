@@ -108,8 +108,9 @@ def test_roots_ending_at_and_around_batch_ends(n: int) -> None:
 
 
 def test_a_written_root_follows_the_layout_entry_name_and_header() -> None:
-    """The helper counts the module it wrote for the layout it was given: another entry name,
-    and a module without the imports, come out whole."""
+    """A written root is counted on the helper for the layout it was given: under another entry
+    name and without the imports the code still equals the whole list's (a miscount would
+    only cost a recount, never a different source)."""
     from fxcodegen import _core
     from fxcodegen.codegen import _resolve_target
 
