@@ -257,9 +257,12 @@ impl Streams {
                         let mut count = Count::default();
                         w.body.module(&layout, &over, &live, &mut count);
                         let names = over.into_parts();
-                        let len = count.0;
-                        let body = w.body;
-                        (names, Some(Root { body, text, len }))
+                        let root = Root {
+                            body: w.body,
+                            text,
+                            len: count.0,
+                        };
+                        (names, Some(root))
                     }
                     None => (names, None),
                 };
