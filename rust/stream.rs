@@ -55,6 +55,16 @@ pub struct Full {
 }
 
 impl Full {
+    /// Drops the buffers, handing their pages back to the system first.
+    fn discard(self) {
+        use crate::helper::discard;
+        discard(self.nodes);
+        discard(self.args);
+        discard(self.wide);
+        discard(self.text.into_bytes());
+        discard(self.blobs);
+    }
+
     fn clear(&mut self) {
         self.nodes.clear();
         self.args.clear();
@@ -84,6 +94,17 @@ impl Batch {
         self.refs.clear();
         if let Some(f) = &mut self.full {
             f.clear();
+        }
+    }
+
+    /// Drops the batch, handing its buffers' pages back to the system first.
+    pub fn discard(self) {
+        use crate::helper::discard;
+        discard(self.text.into_bytes());
+        discard(self.nodes);
+        discard(self.refs);
+        if let Some(f) = self.full {
+            f.discard();
         }
     }
 
