@@ -31,6 +31,8 @@ pub const CHUNK: usize = 256 << 10;
 enum Job {
     Populate(usize, usize),
     Nodes(Batch),
+    /// Work to do on the helper after every job before it.
+    Run(Box<dyn FnOnce() + Send>),
 }
 
 /// The helper thread; joined on drop.
@@ -85,6 +87,7 @@ impl Helper {
                             // The reader may be gone: the batch is then simply freed.
                             let _ = back.send(b);
                         }
+                        Job::Run(f) => f(),
                     }
                 }
                 if let Some(mut s) = streams {
@@ -149,6 +152,19 @@ impl Helper {
             if tx.send(Job::Nodes(b)).is_ok() {
                 self.out.set(self.out.get() + 1);
             }
+        }
+    }
+
+    /// Has the helper run `f` after every job sent so far; runs it here if the helper is gone.
+    pub fn run(&self, f: impl FnOnce() + Send + 'static) {
+        let job = Job::Run(Box::new(f));
+        // A channel whose helper is gone hands the job back.
+        let back = match &self.tx {
+            Some(tx) => tx.send(job).err().map(|e| e.0),
+            None => Some(job),
+        };
+        if let Some(Job::Run(f)) = back {
+            f();
         }
     }
 
