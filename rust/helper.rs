@@ -91,9 +91,20 @@ impl Helper {
                     }
                 }
                 if let Some(mut s) = streams {
-                    // The results go first; the scratch is handed back while they are used.
-                    let _ = results.send(s.finish());
-                    s.discard();
+                    // A written root's caller only assembles the source from the results:
+                    // the scratch goes back first, while the caller waits, so that it never
+                    // waits for the thread to end (stitch 100k: 0.95 of the time with the
+                    // results sent first). Other callers emit from the results: they go first,
+                    // the scratch being handed back meanwhile (inline 100k: 0.95 of the time
+                    // with the scratch handed back first).
+                    if s.writes_root() {
+                        let r = s.finish();
+                        s.discard();
+                        let _ = results.send(r);
+                    } else {
+                        let _ = results.send(s.finish());
+                        s.discard();
+                    }
                 }
             })
             .ok()?;
