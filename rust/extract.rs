@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::helper::{Ahead, Helper};
 use crate::ir::{Arg, Graph, Node, Op, Program, Slot, Span, Submod, SubmodKind, Target, MAX_DEPTH};
 use crate::names::{self, hash_bytes};
-use crate::stream::{full_batch, Batch, Full, Streamed, Streams, BATCH};
+use crate::stream::{Batch, Full, Streamed, Streams, BATCH, FULL_BATCH};
 use crate::table::Table;
 
 /// The text of a compact ASCII str (nearly every fx name), read in place; None for other
@@ -741,7 +741,7 @@ impl<'py> Extractor<'py> {
         let full = depth == 0 && self.statements && batch.is_some() && self.prog.args.is_empty();
         self.writing_root = full;
         let per_batch = match full {
-            true => full_batch(n_nodes),
+            true => FULL_BATCH,
             false => n_nodes,
         };
         // Generous: untouched capacity costs address space, not memory; regrowing copies.
@@ -768,7 +768,7 @@ impl<'py> Extractor<'py> {
         let mut keep: Vec<Bound<'py, PyAny>> = Vec::new();
         for node in node_iter {
             let node = node?;
-            if full && nodes.len() == per_batch {
+            if full && nodes.len() == FULL_BATCH {
                 let b = batch.as_mut().expect("a batch for every full graph");
                 base += self.hand_over(gi, &mut nodes, b, &mut sent, &mut seen_default, false)?;
             }
@@ -890,9 +890,9 @@ impl<'py> Extractor<'py> {
         f.text.push_str(&p.text[sent.0..]);
         f.blobs.extend_from_slice(&p.blobs[sent.1..]);
         *sent = (p.text.len(), p.blobs.len());
+        nodes.reserve(FULL_BATCH);
+        p.args.reserve(FULL_BATCH * 8);
         let count = f.nodes.len() as u32;
-        nodes.reserve(count as usize);
-        p.args.reserve(count as usize * 8);
         let mut done = std::mem::replace(b, next);
         done.full = Some(f);
         h.send(done);

@@ -26,12 +26,6 @@ pub const BATCH: usize = 4096;
 /// 2.83 times the source, four out at 2.89, 4,096 nodes and four out at 3.08.
 pub const FULL_BATCH: usize = 1024;
 
-/// How many nodes of a root of `n` nodes go at a time in full: [`FULL_BATCH`], or a 32nd of a
-/// smaller root (at least 256), whose batches would otherwise be a large part of it.
-pub fn full_batch(n: usize) -> usize {
-    (n / 32).clamp(256, FULL_BATCH)
-}
-
 /// Consecutive nodes of one graph.
 #[derive(Debug, Default)]
 pub struct Batch {

@@ -100,9 +100,7 @@ def test_mixed_root_equals_the_code_written_from_the_whole_node_list() -> None:
     assert torch.equal(out, want) and x2 is x and s2 == 3
 
 
-# A root of n nodes goes over min(max(n // 32, 256), 1024) at a time (`stream::full_batch`):
-# these end exactly at a batch end, one node past it, or between.
-@pytest.mark.parametrize("n", [LARGE, LARGE + 1, 32 * 383, 32 * 383 + 1, 3 * LARGE - 1, 32_769])
+@pytest.mark.parametrize("n", [LARGE, LARGE + 1, 5 * 1024, 5 * 1024 + 1, 3 * LARGE - 1])
 def test_roots_ending_at_and_around_batch_ends(n: int) -> None:
     gm = chain_gm(n)
     assert len(gm.graph.nodes) == n
