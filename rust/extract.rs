@@ -648,9 +648,8 @@ impl<'py> Extractor<'py> {
         self.graph(gm, "", 0)?;
         // Every node is in: the helper finishes while this thread checks the nodes (and the
         // caller the layout). It lives on, handing scratch memory back, until the extractor is
-        // dropped. After a root handed over in full it first hands the program back
-        // ([`Extractor::discard_program`]).
-        if let (Some(h), false) = (&mut self.helper, self.handed_over) {
+        // dropped.
+        if let Some(h) = &mut self.helper {
             h.close();
         }
         self.prog.n_consts = self.pool.objects.len() as u32;
@@ -664,24 +663,10 @@ impl<'py> Extractor<'py> {
     }
 
     /// Empties the program and the child table, handing their pages back to the system first
-    /// (see [`Program::discard`]); the pool and the helper stay. With a helper, the helper does
-    /// it after its last batch, then finishes: handing pages back from this thread while the
-    /// helper ran made the kernel interrupt the helper to flush its TLB, once per buffer
-    /// (`generate` on stitch 100k took 8% longer, 1M 5-8%, 10k 2%).
+    /// (see [`Program::discard`]); the pool and the helper stay.
     pub fn discard_program(&mut self) {
-        let prog = std::mem::take(&mut self.prog);
-        let submods = std::mem::replace(&mut self.submods, Table::with_capacity(0));
-        let discard = move || {
-            prog.discard();
-            submods.discard();
-        };
-        match &mut self.helper {
-            Some(h) => {
-                h.run(discard);
-                h.close();
-            }
-            None => discard(),
-        }
+        std::mem::take(&mut self.prog).discard();
+        std::mem::replace(&mut self.submods, Table::with_capacity(0)).discard();
     }
 
     /// The names and last uses the helper worked out for the graphs it was handed (none

@@ -31,8 +31,6 @@ pub const CHUNK: usize = 256 << 10;
 enum Job {
     Populate(usize, usize),
     Nodes(Batch),
-    /// Work to do on the helper after every job before it.
-    Run(Box<dyn FnOnce() + Send>),
 }
 
 /// The helper thread; joined on drop.
@@ -87,24 +85,12 @@ impl Helper {
                             // The reader may be gone: the batch is then simply freed.
                             let _ = back.send(b);
                         }
-                        Job::Run(f) => f(),
                     }
                 }
                 if let Some(mut s) = streams {
-                    // A written root's caller only assembles the source from the results:
-                    // the scratch goes back first, while the caller waits, so that the thread
-                    // has ended when it is joined (stitch 100k took 0.95 of the time it took
-                    // with the results sent first). Other callers emit from the results: they
-                    // go first, and the scratch goes back meanwhile (inline 100k took 1.06
-                    // times as long with the scratch handed back first).
-                    if s.writes_root() {
-                        let r = s.finish();
-                        s.discard();
-                        let _ = results.send(r);
-                    } else {
-                        let _ = results.send(s.finish());
-                        s.discard();
-                    }
+                    // The results go first; the scratch is handed back while they are used.
+                    let _ = results.send(s.finish());
+                    s.discard();
                 }
             })
             .ok()?;
@@ -163,19 +149,6 @@ impl Helper {
             if tx.send(Job::Nodes(b)).is_ok() {
                 self.out.set(self.out.get() + 1);
             }
-        }
-    }
-
-    /// Has the helper run `f` after every job sent so far; runs it here if the helper is gone.
-    pub fn run(&self, f: impl FnOnce() + Send + 'static) {
-        let job = Job::Run(Box::new(f));
-        // A channel whose helper is gone hands the job back.
-        let back = match &self.tx {
-            Some(tx) => tx.send(job).err().map(|e| e.0),
-            None => Some(job),
-        };
-        if let Some(Job::Run(f)) = back {
-            f();
         }
     }
 

@@ -253,10 +253,10 @@ mod core_ext {
         };
         check_layout(&ex.prog, &layout)?;
         if ex.handed_over {
-            // The helper was handed the root in full: while it does its last batches, this
-            // thread lists the submodules; the helper then hands the program back and finishes
-            // (the names, last uses and the module's length). The program holds no node of the
-            // root, which is the only graph (an inlined child would have stopped the read).
+            // The helper was handed the root in full: while it finishes (its last batches, the
+            // names, last uses and the module's length), this thread lists the submodules and
+            // hands the program back. The program holds no node of the root, which is the
+            // only graph (an inlined child would have stopped the read).
             let names = submod_list(py, &mut ex)?;
             ex.discard_program();
             let written = ex

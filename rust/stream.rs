@@ -262,11 +262,6 @@ impl Streams {
         self.hashes = hashes;
     }
 
-    /// Whether a root is handed over in full ([`Full`]), whose statements are written here.
-    pub fn writes_root(&self) -> bool {
-        self.graphs.iter().any(|g| g.writer.is_some())
-    }
-
     /// Every graph's names and last uses, and a written root's length (counted here, while
     /// the reader hands its program back); what remains is scratch: [`Streams::discard`] it.
     pub fn finish(&mut self) -> Vec<Streamed> {
