@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap;
 
 use crate::emit::{default_threads, Layout, Style, PARALLEL_MIN_NODES};
 use crate::error::Error;
-use crate::helper::{Ahead, Helper};
+use crate::helper::{helper_min_nodes, Ahead, Helper};
 use crate::ir::{Arg, Graph, Node, Op, Program, Slot, Span, Submod, SubmodKind, Target, MAX_DEPTH};
 use crate::names::{self, hash_bytes};
 use crate::stream::{Batch, Full, Streamed, Streams, BATCH, FULL_BATCH};
@@ -493,8 +493,8 @@ pub struct Extractor<'py> {
     pub submod_names: Vec<Option<Bound<'py, PyAny>>>,
     /// For `_node_ref`: nodes met outside any graph, in order (named by their own names).
     pub loose: Option<Vec<Bound<'py, PyAny>>>,
-    /// Populates the arenas' next pages on another thread while large graphs are read, and
-    /// works out their names and last uses when `stream` is set.
+    /// Populates the arenas' next pages on another thread while large graphs are read (see
+    /// [`helper_min_nodes`]), and works out their names and last uses when `stream` is set.
     helper: Option<Helper>,
     /// The layout's name prefix, entry function and header, when names are worked out while
     /// reading.
@@ -713,7 +713,12 @@ impl<'py> Extractor<'py> {
         };
         let mut index = NodeIndex::with_capacity(n_nodes);
         let large = n_nodes >= PARALLEL_MIN_NODES;
-        if large && self.helper.is_none() && default_threads() > 1 {
+        // Whether the root's statements can be written on the helper while it is read: its
+        // nodes and arguments then go there batch by batch (the arenas start empty, so spans
+        // count from a batch's start).
+        let whole_root = depth == 0 && self.statements && self.prog.args.is_empty();
+        let threaded = whole_root || n_nodes >= helper_min_nodes();
+        if large && threaded && self.helper.is_none() && default_threads() > 1 {
             let streams = self.stream.as_ref().map(|(p, f, h)| Streams::new(p, f, *h));
             self.helper = Helper::start(streams);
         }
@@ -721,9 +726,7 @@ impl<'py> Extractor<'py> {
             Some(h) if large && h.streams() => Some(h.batch(gi, n_nodes)),
             _ => None,
         };
-        // The root's statements written on the helper: its nodes and arguments go there batch
-        // by batch (the arenas start empty, so spans count from a batch's start).
-        let full = depth == 0 && self.statements && batch.is_some() && self.prog.args.is_empty();
+        let full = whole_root && batch.is_some();
         self.writing_root = full;
         let per_batch = match full {
             true => FULL_BATCH,

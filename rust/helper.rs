@@ -51,6 +51,31 @@ pub struct Helper {
     out: std::cell::Cell<usize>,
 }
 
+/// Graphs of at least this many nodes are read with a helper thread
+/// (`FXCODEGEN_HELPER_MIN_NODES` sets another threshold), except a root whose statements the
+/// helper writes ([`crate::stream`]), which has one from [`crate::emit::PARALLEL_MIN_NODES`] on:
+/// without it the root's whole node list would be held (stitch 10k: 4.75 times the source at
+/// peak, against 3.2-3.4).
+///
+/// Below this, a helper thread costs more than it saves. Repeated calls on inline graphs took
+/// 0.93-0.97 of the floor with one from 10k nodes on, 0.72-0.76 without it; at 20k 0.79-0.84
+/// against 0.63-0.67; at 50k and 100k about level; at 200k and 400k 0.77-0.90 against
+/// 0.70-0.76. At 600k and 1M it pays: there most of the node list and the emitter's buffers
+/// come from fresh pages on every call, which the helper populates while the graph is read.
+/// (Reading stays on one thread either way; the emitter still uses two from
+/// [`crate::emit::PARALLEL_MIN_NODES`] nodes.)
+pub const HELPER_MIN_NODES: usize = 1 << 19;
+
+/// [`HELPER_MIN_NODES`], or the threshold `FXCODEGEN_HELPER_MIN_NODES` sets.
+pub fn helper_min_nodes() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        let env = std::env::var("FXCODEGEN_HELPER_MIN_NODES").ok();
+        env.and_then(|v| v.trim().parse().ok())
+            .unwrap_or(HELPER_MIN_NODES)
+    })
+}
+
 /// How many batches may be on their way to the helper or back before [`Helper::batch`] waits
 /// for one: a helper falling behind would otherwise have the reader fill new buffers for every
 /// batch (one of 1,024 nodes handed over in full holds about 100 KiB). With two, the reader

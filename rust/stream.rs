@@ -185,6 +185,11 @@ impl Streams {
     }
 
     pub fn take(&mut self, b: &mut Batch) {
+        // A test hook: `FXCODEGEN_FAILPOINT=helper` makes the helper fail here, so the tests
+        // can see `generate` recover from a helper thread that ends early.
+        static FAIL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let fail = || std::env::var("FXCODEGEN_FAILPOINT").is_ok_and(|v| v == "helper");
+        assert!(!*FAIL.get_or_init(fail), "FXCODEGEN_FAILPOINT=helper");
         let at = match self.graphs.iter().position(|g| g.graph == b.graph) {
             Some(at) => at,
             None => {
@@ -218,11 +223,6 @@ impl Streams {
         hashes.clear();
         match (&mut b.full, &mut g.writer) {
             (Some(f), Some(w)) => {
-                // A test hook: `FXCODEGEN_FAILPOINT=helper` makes the helper fail here, so the
-                // tests can see `generate` recover from a helper thread that ends early.
-                static FAIL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-                let fail = || std::env::var("FXCODEGEN_FAILPOINT").is_ok_and(|v| v == "helper");
-                assert!(!*FAIL.get_or_init(fail), "FXCODEGEN_FAILPOINT=helper");
                 g.namer.extend(&f.text);
                 w.blobs.extend_from_slice(&f.blobs);
                 let text = g.namer.text().as_bytes();

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import random
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -315,13 +316,18 @@ def test_large_graph_emitted_by_two_threads_matches_fx_and_one_thread() -> None:
 def one_thread_code_hash(code_expr: str) -> str:
     """The sha256 of the code that ``code_expr`` evaluates to in a fresh process with
     ``FXCODEGEN_THREADS=1`` (``T`` is this module, ``vllm`` the compat surface)."""
+    return fresh_code_hash(code_expr, {"FXCODEGEN_THREADS": "1"}).stdout.strip()
+
+
+def fresh_code_hash(code_expr: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """A fresh process with ``env`` printing the sha256 of the code ``code_expr`` evaluates to
+    (see :func:`one_thread_code_hash`)."""
     script = (
         "import hashlib, sys; sys.path.insert(0, sys.argv[1]);"
         "import fxcodegen, test_codegen_differential as T; from fxcodegen.compat import vllm;"
         f"print(hashlib.sha256(({code_expr}).encode()).hexdigest())"
     )
-    one = fresh_python(script, {"FXCODEGEN_THREADS": "1"}, str(Path(__file__).parent), check=True)
-    return one.stdout.strip()
+    return fresh_python(script, env, str(Path(__file__).parent), check=True)
 
 
 AWKWARD_NAMES = ["torch", "del", "sum", "execution_fn", "__fx_s0", "a-b", "1st", "x", "torch_1"]
@@ -344,9 +350,11 @@ def awkward_large_gm(n: int = 4_200) -> fx.GraphModule:
 
 @pytest.mark.parametrize("surface", ["native", "vllm"])
 def test_large_graph_names_worked_out_while_reading_match_one_thread(surface: str) -> None:
-    """Graphs of 4,096+ nodes get their names and last uses on a helper thread while they are
-    read; with names that all need care, the code runs like the graph and equals the code of a
-    single-threaded run, which works them out after reading."""
+    """A native root of 4,096+ nodes has its statements, names and last uses written on a
+    helper thread while it is read, other graphs their names and last uses from
+    ``FXCODEGEN_HELPER_MIN_NODES`` nodes on (forced down to 4,096 here); the emitter works them
+    out after reading otherwise. With names that all need care, the code runs like the graph
+    and equals the code of a single-threaded run either way."""
     gm = awkward_large_gm()
     x = torch.tensor([1.0], dtype=torch.float64)
     if surface == "native":
@@ -359,9 +367,16 @@ def test_large_graph_names_worked_out_while_reading_match_one_thread(surface: st
     assert "torch_1_1 = " in code  # a rename of a rename
     assert ("v__fx_s0 = " in code) == (surface == "native")  # only native reserves __fx_
     assert_same(fn(x), fx.Interpreter(gm).run(x))
-    one = one_thread_code_hash(
+    expr = (
         "fxcodegen.generate(T.awkward_large_gm()).code"
         if surface == "native"
         else "vllm.generate_execution_code(T.awkward_large_gm())[0]"
     )
+    one = one_thread_code_hash(expr)
     assert one == hashlib.sha256(code.encode()).hexdigest()
+    helper = {"FXCODEGEN_HELPER_MIN_NODES": "4096"}
+    assert fresh_code_hash(expr, helper).stdout.strip() == one
+    # The helper was there (the test hook makes it fail), and its failing costs nothing either.
+    failed = fresh_code_hash(expr, {**helper, "FXCODEGEN_FAILPOINT": "helper"})
+    assert failed.stdout.strip() == one
+    assert "FXCODEGEN_FAILPOINT=helper" in failed.stderr
