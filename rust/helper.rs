@@ -58,10 +58,11 @@ pub struct Helper {
 /// peak, against 3.2-3.4).
 ///
 /// Below this, a helper thread costs more than it saves. Repeated calls on inline graphs took
-/// 0.93-0.97 of the floor with one from 10k nodes on, 0.72-0.76 without it; at 20k 0.79-0.84
+/// 0.83-1.02 of the floor with one at 10k nodes, 0.63-0.79 without it; at 20k 0.79-0.84
 /// against 0.63-0.67; at 50k and 100k about level; at 200k and 400k 0.77-0.90 against
 /// 0.70-0.76. At 600k and 1M it pays: there most of the node list and the emitter's buffers
-/// come from fresh pages on every call, which the helper populates while the graph is read.
+/// come from fresh pages on every call, which the helper populates while the graph is read
+/// (`benches/RESULTS.md`, seventeenth session).
 /// (Reading stays on one thread either way; the emitter still uses two from
 /// [`crate::emit::PARALLEL_MIN_NODES`] nodes.)
 pub const HELPER_MIN_NODES: usize = 1 << 19;
