@@ -115,6 +115,14 @@ pub fn check_layout(p: &Program, layout: &Layout) -> Result<()> {
 /// emitting a few hundred nodes.
 pub const PARALLEL_MIN_NODES: usize = 4_096;
 
+/// [`PARALLEL_MIN_NODES`] for `generate`, which emits a program once, right after reading it.
+/// There a second thread starts cold and writes into pages its own allocator arena has not
+/// touched yet: below about this many nodes that costs what the thread saves, and it raises
+/// the peak (inline 10k: 2.83 times the source at peak with one thread, 3.13 with two, at the
+/// same speed; level at 16k; two threads faster at 24k: `benches/RESULTS.md`, eighteenth
+/// session).
+pub const ONCE_PARALLEL_MIN_NODES: usize = 1 << 14;
+
 /// Threads the emitter may use: 2 where the machine has them, 1 with `FXCODEGEN_THREADS=1`.
 pub fn default_threads() -> usize {
     static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -165,15 +173,17 @@ impl Source {
 
 /// The source in pieces; `threads` is 1 or 2 and the joined source does not depend on it.
 pub fn emit_with_threads(p: &Program, layout: &Layout, threads: usize) -> Source {
-    emit_streamed(p, layout, threads, Vec::new())
+    emit_streamed(p, layout, threads, PARALLEL_MIN_NODES, Vec::new())
 }
 
 /// [`emit_with_threads`] for a program some of whose graphs already have their names and last
-/// uses, worked out for this layout while they were read; the source is the same.
+/// uses, worked out for this layout while they were read, with the second thread only for
+/// functions of `parallel_min` nodes or more; the source is the same.
 pub fn emit_streamed(
     p: &Program,
     layout: &Layout,
     threads: usize,
+    parallel_min: usize,
     streamed: Vec<Streamed>,
 ) -> Source {
     let nodes: usize = p.graphs.iter().map(|g| g.nodes.len()).sum();
@@ -182,6 +192,7 @@ pub fn emit_streamed(
     let per_node = 64 + 2 * p.text.len() / nodes.max(1);
     let mut e = Emitter::new(p, layout, 256 + nodes * per_node);
     e.threads = threads;
+    e.parallel_min = parallel_min;
     e.per_node = per_node;
     e.streamed = streamed;
     if layout.header {
@@ -575,6 +586,8 @@ struct Emitter<'a> {
     /// Parameters of inlined children called with keywords, by graph.
     params: FxHashMap<u32, Rc<Vec<(String, String)>>>,
     threads: usize,
+    /// Functions with fewer nodes are emitted by one thread.
+    parallel_min: usize,
     /// Bytes of source to expect per node (for sizing buffers).
     per_node: usize,
     /// Names and last uses worked out before, by graph.
@@ -618,6 +631,7 @@ impl<'a> Emitter<'a> {
             ); PLAIN_KEYS],
             params: FxHashMap::default(),
             threads: 1,
+            parallel_min: PARALLEL_MIN_NODES,
             per_node: 0,
             streamed: Vec::new(),
             pieces: Vec::new(),
@@ -664,7 +678,7 @@ impl<'a> Emitter<'a> {
         let p = self.p;
         let g = &p.graphs[gi as usize];
         let n = g.nodes.len();
-        let parallel = self.threads > 1 && n >= PARALLEL_MIN_NODES;
+        let parallel = self.threads > 1 && n >= self.parallel_min;
         let at = self.streamed.iter().position(|s| s.graph == gi);
         let streamed = at.map(|at| self.streamed.swap_remove(at));
         // Names and last uses, and the statements too when two threads could write them while

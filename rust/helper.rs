@@ -63,8 +63,8 @@ pub struct Helper {
 /// 0.70-0.76. At 600k and 1M it pays: there most of the node list and the emitter's buffers
 /// come from fresh pages on every call, which the helper populates while the graph is read
 /// (`benches/RESULTS.md`, seventeenth session).
-/// (Reading stays on one thread either way; the emitter still uses two from
-/// [`crate::emit::PARALLEL_MIN_NODES`] nodes.)
+/// (Reading stays on one thread either way; `generate`'s emitter still uses two from
+/// [`crate::emit::ONCE_PARALLEL_MIN_NODES`] nodes.)
 pub const HELPER_MIN_NODES: usize = 1 << 19;
 
 /// [`HELPER_MIN_NODES`], or the threshold `FXCODEGEN_HELPER_MIN_NODES` sets.

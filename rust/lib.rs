@@ -44,6 +44,7 @@ mod core_ext {
 
     use crate::emit::{
         check_layout, default_threads, emit_streamed, format_arg, Count, Fill, Layout, Sink, Style,
+        ONCE_PARALLEL_MIN_NODES,
     };
     use crate::error::Error;
     use crate::extract::{Extractor, Pool};
@@ -283,7 +284,15 @@ mod core_ext {
         }
         let streamed = ex.take_streamed();
         let prog = &ex.prog;
-        let code = py.detach(|| emit_streamed(prog, &layout, default_threads(), streamed));
+        let code = py.detach(|| {
+            emit_streamed(
+                prog,
+                &layout,
+                default_threads(),
+                ONCE_PARALLEL_MIN_NODES,
+                streamed,
+            )
+        });
         let names = submod_list(py, &mut ex)?;
         let out = write_back(py, &ex.pool, consts, const_index)?;
         // Free the node list before the source is copied into a str (peak memory).

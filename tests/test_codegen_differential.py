@@ -295,11 +295,11 @@ def test_vllm_matches_fx(chunk: int) -> None:
 
 
 def test_large_graph_emitted_by_two_threads_matches_fx_and_one_thread() -> None:
-    """Functions of 4,096+ nodes are emitted by two threads (halves split at a statement);
-    the code must run like the graph and equal the single-threaded code."""
-    seed, steps = 7, 3_500
+    """Functions of 16,384+ nodes are emitted by two threads in ``generate`` (chunks split at
+    a statement); the code must run like the graph and equal the single-threaded code."""
+    seed, steps = 7, 11_500
     gm, n_in = random_split_gm(seed, allow_opaque_in_inlined=True, steps=steps)
-    assert len(gm.graph.nodes) >= 4_096  # the emitter's two-thread threshold
+    assert len(gm.graph.nodes) >= 16_384  # generate's two-thread threshold
     xs = inputs_for(seed, n_in)
     want = fx.Interpreter(gm).run(*xs)
     gen = fxcodegen.generate(gm)
@@ -333,7 +333,7 @@ def fresh_code_hash(code_expr: str, env: dict[str, str]) -> subprocess.Completed
 AWKWARD_NAMES = ["torch", "del", "sum", "execution_fn", "__fx_s0", "a-b", "1st", "x", "torch_1"]
 
 
-def awkward_large_gm(n: int = 4_200) -> fx.GraphModule:
+def awkward_large_gm(n: int = 16_500) -> fx.GraphModule:
     """A chain of ``n`` adds whose node names need renaming (reserved, keywords, builtins, the
     entry function, the layout prefix, non-identifiers, repeats), each also using a value far
     back, so names and last uses are both non-trivial."""
