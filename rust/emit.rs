@@ -519,11 +519,9 @@ fn item_of(p: &Program, node: &Node) -> Option<u32> {
 /// Names and last uses of `g`, worked out side by side by this thread and one more.
 fn side_by_side<'p>(p: &'p Program, g: &Graph, reserved: &Reserved) -> (Names<'p>, Liveness) {
     thread::scope(|s| {
-        // Allocated here, as in `Emitter::speculate`.
-        let tables = liveness::Builder::with_capacity(g.nodes.len());
         // A thread that cannot be started means doing its part here.
         let other = thread::Builder::new()
-            .spawn_scoped(s, || liveness::compute_in(tables, p, g))
+            .spawn_scoped(s, || liveness::compute(p, g))
             .ok();
         let names = names::assign(p, g, reserved);
         let live = match other {
@@ -617,14 +615,10 @@ fn kw_ident<'s>(key: &'s str, callee: Option<&'s [(String, String)]>) -> Option<
 
 impl<'a> Emitter<'a> {
     fn new(p: &'a Program, layout: &'a Layout<'a>, capacity: usize) -> Self {
-        Emitter::writing_to(p, layout, Out::with_capacity(capacity))
-    }
-
-    fn writing_to(p: &'a Program, layout: &'a Layout<'a>, out: Out) -> Self {
         Emitter {
             p,
             layout,
-            out,
+            out: Out::with_capacity(capacity),
             floats: FxHashMap::default(),
             float_text: String::new(),
             last_float: None,
@@ -763,21 +757,16 @@ impl<'a> Emitter<'a> {
         let (p, layout, per_node) = (self.p, self.layout, self.per_node);
         let (next, stop) = (AtomicUsize::new(0), AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
-        // The other thread's largest tables and its buffer come from this thread's allocator
-        // arena, which holds pages reading freed; the other thread's own would be fresh ones
-        // (inline 50k: 2.4 times the source at peak, against 2.8).
-        let tables = liveness::Builder::with_capacity(g.nodes.len());
-        let out = Out::with_capacity(g.nodes.len() * per_node);
-        let own = Vec::with_capacity(g.nodes.len());
         thread::scope(|s| {
             let (next, stop) = (&next, &stop);
             let other = thread::Builder::new().spawn_scoped(s, move || {
-                let live = Arc::new(liveness::compute_in(tables, p, g));
+                let live = Arc::new(liveness::compute(p, g));
                 let starts = chunk_starts(p, layout.style, g, &live);
                 // The receiver outlives this thread: sending cannot fail.
                 let _ = tx.send((live.clone(), starts.clone()));
-                let own = Names::own_in(own, p, g);
-                Emitter::writing_to(p, layout, out).into_chunks(g, &own, &live, &starts, next, stop)
+                let own = Names::own(p, g);
+                Emitter::new(p, layout, g.nodes.len() * per_node)
+                    .into_chunks(g, &own, &live, &starts, next, stop)
             });
             let names = names::assign(p, g, reserved);
             let Ok(other) = other else {
@@ -807,13 +796,11 @@ impl<'a> Emitter<'a> {
         let (p, layout, per_node) = (self.p, self.layout, self.per_node);
         let starts = chunk_starts(p, layout.style, g, live);
         let (next, stop) = (AtomicUsize::new(0), AtomicBool::new(false));
-        // Allocated here, as in `Emitter::speculate`.
-        let out = Out::with_capacity(g.nodes.len() * per_node);
         thread::scope(|s| {
             let (starts, next, stop) = (&starts, &next, &stop);
             let other = thread::Builder::new()
                 .spawn_scoped(s, move || {
-                    Emitter::writing_to(p, layout, out)
+                    Emitter::new(p, layout, g.nodes.len() * per_node)
                         .into_chunks(g, names, live, starts, next, stop)
                 })
                 .ok()?;

@@ -21,22 +21,26 @@ impl Liveness {
     }
 }
 
+/// `n` zeros in a vector with room for `cap`.
+fn zeros(n: usize, cap: usize) -> Vec<u32> {
+    let mut v = Vec::with_capacity(cap);
+    v.resize(n, 0);
+    v
+}
+
 const NEVER: u32 = u32::MAX;
 const RETURNED: u32 = u32::MAX - 1;
 
 pub fn compute(p: &Program, g: &Graph) -> Liveness {
-    compute_in(Builder::with_capacity(g.nodes.len()), p, g)
-}
-
-/// [`compute`] in the tables of `b`, an empty [`Builder::with_capacity`] for `g`'s nodes. A
-/// thread computing last uses for another has them allocated by that thread, whose allocator
-/// arena may hold pages already in (a new thread's arena starts from fresh ones).
-pub fn compute_in(mut b: Builder, p: &Program, g: &Graph) -> Liveness {
     let n = g.nodes.len();
-    b.last.resize(n, NEVER);
-    b.uses.resize(n, 0);
-    b.start.resize(n, 0);
-    b.list.resize(n, 0);
+    let mut b = Builder {
+        last: vec![NEVER; n],
+        uses: vec![0; n],
+        start: zeros(n, n + 2),
+        list: zeros(n, n),
+        outputs: Vec::new(),
+        now: 0,
+    };
     for (j, node) in g.nodes.iter().enumerate() {
         b.begin(j as u32, node.op == Op::Output);
         p.for_each_ref(node.args, &mut |i| b.mark(i));

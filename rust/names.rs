@@ -523,20 +523,14 @@ impl<'a> Names<'a> {
     /// drop unless its result is [`Names::all_own`]). A name that is not a span of the program
     /// text is guessed empty.
     pub fn own(p: &'a Program, g: &Graph) -> Names<'a> {
-        Names::own_in(Vec::with_capacity(g.nodes.len()), p, g)
-    }
-
-    /// [`Names::own`] in `spans`, an empty vector with room for `g`'s nodes (see
-    /// [`crate::liveness::compute_in`] for why a caller may allocate it).
-    pub fn own_in(mut spans: Vec<(u32, u32)>, p: &'a Program, g: &Graph) -> Names<'a> {
-        spans.extend(
-            g.nodes
-                .iter()
-                .map(|node| match p.text.get(node.name.range()) {
-                    Some(_) if node.name.len < EXTRA => (node.name.start, node.name.len),
-                    _ => (0, 0),
-                }),
-        );
+        let spans = g
+            .nodes
+            .iter()
+            .map(|node| match p.text.get(node.name.range()) {
+                Some(_) if node.name.len < EXTRA => (node.name.start, node.name.len),
+                _ => (0, 0),
+            })
+            .collect();
         NameParts {
             extra: String::new(),
             spans,
