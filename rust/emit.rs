@@ -117,10 +117,10 @@ pub const PARALLEL_MIN_NODES: usize = 4_096;
 
 /// [`PARALLEL_MIN_NODES`] for `generate`, which emits a program once, right after reading it.
 /// There a second thread starts cold and writes into pages its own allocator arena has not
-/// touched yet: below about this many nodes that costs what the thread saves, and it raises
-/// the peak (inline 10k: 2.83 times the source at peak with one thread, 3.13 with two, at the
-/// same speed; level at 16k; two threads faster at 24k: `benches/RESULTS.md`, eighteenth
-/// session).
+/// touched yet: below about this many nodes it saves little, and it raises the peak (inline
+/// 10k: 2.83 times the source at peak with one thread, 3.13 with two; level in repeated calls,
+/// 3-4% slower in one process's alternating calls, 6% in a fresh process's first call; level
+/// at 16k; two threads faster at 24k: `benches/RESULTS.md`, eighteenth session).
 pub const ONCE_PARALLEL_MIN_NODES: usize = 1 << 14;
 
 /// Threads the emitter may use: 2 where the machine has them, 1 with `FXCODEGEN_THREADS=1`.
