@@ -13,7 +13,7 @@ use crate::helper::{helper_min_nodes, Ahead, Helper};
 use crate::ir::{Arg, Graph, Node, Op, Program, Slot, Span, Submod, SubmodKind, Target, MAX_DEPTH};
 use crate::names::{self, hash_bytes};
 use crate::stream::{Batch, Full, Streamed, Streams, BATCH, FULL_BATCH};
-use crate::table::Table;
+use crate::table::{AddrTable, Table};
 
 /// The text of a compact ASCII str (nearly every fx name), read in place; None for other
 /// strings.
@@ -516,22 +516,7 @@ pub struct Extractor<'py> {
 }
 
 /// Node object -> index in its graph, for the nodes read so far.
-struct NodeIndex(Table);
-
-impl NodeIndex {
-    fn with_capacity(n: usize) -> Self {
-        NodeIndex(Table::with_capacity(n))
-    }
-
-    #[inline]
-    fn get(&self, ptr: usize) -> Option<u32> {
-        self.0.find(ptr as u64, |_| true)
-    }
-
-    fn insert(&mut self, ptr: usize, i: u32) {
-        self.0.insert(ptr as u64, i);
-    }
-}
+type NodeIndex = AddrTable;
 
 /// A graph module's `_modules`, read in insertion order before it is hashed into: split graphs
 /// call their children in the order they were added, so the entry after the last one found is
@@ -749,7 +734,7 @@ impl<'py> Extractor<'py> {
         // The identity table is written all over from the first node: populate it whole.
         let mut ahead = [(); 5].map(|_| Ahead::default());
         if let (Some(pf), true) = (&self.helper, large) {
-            let (ptr, len) = index.0.memory();
+            let (ptr, len) = index.memory();
             pf.request_all(ptr, len);
         }
         // Owned references for fields read through getattr (nodes that are not exactly `Node`).
@@ -836,7 +821,7 @@ impl<'py> Extractor<'py> {
             // fresh ones (inline 100k: 2.46 times the source at peak with the pages handed
             // back, 2.76 without; 0.70 of the floor against the previous build's 0.65 with
             // them handed back, 0.62 against 0.74 without, in alternating runs).
-            index.0.discard();
+            index.discard();
             let b = batch.as_mut().expect("a batch for every full graph");
             self.hand_over(gi, &mut nodes, b, &mut sent, &mut seen_default, true)?;
             self.writing_root = false;
@@ -931,7 +916,7 @@ impl<'py> Extractor<'py> {
                 prefetch(read_slot(n, sl.fields[f]));
             }
             prefetch(read_slot(n, sl.next));
-            index.0.prefetch(n as u64);
+            index.prefetch(n as usize);
         }
     }
 

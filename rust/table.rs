@@ -4,9 +4,9 @@
 //! outgrow the caches, and it keeps equal keys side by side so callers can tell hash collisions
 //! apart.
 
-/// How a table stores keys: whole (`u64`, for keys that must match exactly, such as object
-/// addresses) or as a 32-bit tag of a 64-bit hash (`u32`: half the memory, for callers whose
-/// `accept` compares the real keys behind the values anyway).
+/// How a table stores keys: whole (`u64`, for keys that must match exactly), as a 32-bit tag
+/// of a 64-bit hash (`u32`: half the memory, for callers whose `accept` compares the real keys
+/// behind the values anyway), or as an address near a base ([`Near`], for [`AddrTable`]).
 pub trait Key: Copy + Eq {
     /// Marks an empty slot; never a stored key.
     const EMPTY: Self;
@@ -37,6 +37,127 @@ impl Key for u32 {
     #[inline]
     fn bits(self) -> u64 {
         u64::from(self)
+    }
+}
+
+/// An address as a signed count of 8-byte steps from a base address, offset by 2^31 (so never
+/// 0): the whole key in 32 bits while every address lies within 16 GiB of the base.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Near(u32);
+
+impl Near {
+    const BIAS: i64 = 1 << 31;
+
+    /// `addr` as a key against `base`, if it is 8-byte aligned like it and near enough.
+    #[inline(always)]
+    fn of(base: usize, addr: usize) -> Option<u64> {
+        let d = addr.wrapping_sub(base) as isize as i64;
+        let steps = d >> 3;
+        (d & 7 == 0 && steps > -Self::BIAS && steps < Self::BIAS)
+            .then_some((steps + Self::BIAS) as u64)
+    }
+
+    fn addr(self, base: usize) -> usize {
+        base.wrapping_add(((i64::from(self.0) - Self::BIAS) << 3) as usize)
+    }
+}
+
+impl Key for Near {
+    const EMPTY: Near = Near(0);
+    #[inline]
+    fn stored(k: u64) -> Near {
+        Near(k as u32)
+    }
+    #[inline]
+    fn bits(self) -> u64 {
+        u64::from(self.0)
+    }
+}
+
+/// Object address -> `u32`, one value per address: a [`Table`] of 8-byte slots holding
+/// addresses as [`Near`] steps from the first address inserted, half the memory (and the
+/// cache misses) of whole addresses; it moves to whole addresses if one lies too far away.
+pub enum AddrTable {
+    Near { base: usize, table: Table<Near> },
+    Far(Table<u64>),
+}
+
+impl AddrTable {
+    /// A table for `n` addresses without regrowing.
+    pub fn with_capacity(n: usize) -> Self {
+        AddrTable::Near {
+            base: 0,
+            table: Table::with_capacity(n),
+        }
+    }
+
+    /// The value stored under `addr`.
+    #[inline]
+    pub fn get(&self, addr: usize) -> Option<u32> {
+        match self {
+            AddrTable::Near { base, table } => table.find(Near::of(*base, addr)?, |_| true),
+            AddrTable::Far(table) => table.find(addr as u64, |_| true),
+        }
+    }
+
+    /// Stores `v` under `addr`, which holds nothing yet.
+    #[inline]
+    pub fn insert(&mut self, addr: usize, v: u32) {
+        match self {
+            AddrTable::Near { base, table } => {
+                if table.len == 0 {
+                    *base = addr;
+                }
+                match Near::of(*base, addr) {
+                    Some(k) => table.insert(k, v),
+                    None => {
+                        self.go_far();
+                        self.insert(addr, v);
+                    }
+                }
+            }
+            AddrTable::Far(table) => table.insert(addr as u64, v),
+        }
+    }
+
+    #[cold]
+    fn go_far(&mut self) {
+        if let AddrTable::Near { base, table } = self {
+            let mut far = Table::with_capacity(table.slots.len());
+            for &(k, v) in table.slots.iter().filter(|(k, _)| *k != Near::EMPTY) {
+                far.insert(k.addr(*base) as u64, v);
+            }
+            *self = AddrTable::Far(far);
+        }
+    }
+
+    /// Asks the CPU to start loading the slot where `addr` lives or would go.
+    #[inline]
+    pub fn prefetch(&self, addr: usize) {
+        match self {
+            AddrTable::Near { base, table } => {
+                if let Some(k) = Near::of(*base, addr) {
+                    table.prefetch(k);
+                }
+            }
+            AddrTable::Far(table) => table.prefetch(addr as u64),
+        }
+    }
+
+    /// The slot storage, as `(address, bytes)` (for populating its pages ahead of use).
+    pub fn memory(&self) -> (*const u8, usize) {
+        match self {
+            AddrTable::Near { table, .. } => table.memory(),
+            AddrTable::Far(table) => table.memory(),
+        }
+    }
+
+    /// Drops the table, handing its pages back to the system first.
+    pub fn discard(self) {
+        match self {
+            AddrTable::Near { table, .. } => table.discard(),
+            AddrTable::Far(table) => table.discard(),
+        }
     }
 }
 
@@ -174,7 +295,7 @@ impl<K: Key> Table<K> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Key, Table};
+    use super::{AddrTable, Key, Table};
 
     /// Every value is found through growth, among equal keys, and among keys that share a
     /// stored form (`u32` tags keep only the high half).
@@ -212,5 +333,35 @@ mod tests {
         finds_every_value::<u32>(|k| (u64::from(k / 4) << 40) | u64::from(k % 4));
         // Every key has tag 1.
         finds_every_value::<u32>(u64::from);
+    }
+
+    /// Addresses near each other, then ones too far (or misaligned) for 32-bit steps: every
+    /// value is found before and after the table moves to whole addresses.
+    #[test]
+    fn address_tables() {
+        let base = 0x7f00_0000_0000usize;
+        let near: Vec<usize> = (0..5_000).map(|i| base + 208 * i).collect();
+        // Below the first address too, up to just inside the 16 GiB bound.
+        let edge = [base - 8, base - (16 << 30) + 8, base + (16 << 30) - 8];
+        let mut t = AddrTable::with_capacity(10);
+        for (i, &a) in near.iter().chain(&edge).enumerate() {
+            t.insert(a, i as u32);
+        }
+        assert!(matches!(t, AddrTable::Near { .. }));
+        assert_eq!(t.get(base + 4), None, "misaligned");
+        assert_eq!(t.get(base + (16 << 30)), None, "out of reach");
+        assert_eq!(t.get(base + 208 * 5_000), None);
+        let far = [base + (16 << 30), base - (16 << 30), 12345, usize::MAX - 7];
+        for (i, &a) in far.iter().enumerate() {
+            t.insert(a, 10_000 + i as u32);
+        }
+        assert!(matches!(t, AddrTable::Far(_)));
+        for (i, &a) in near.iter().chain(&edge).enumerate() {
+            assert_eq!(t.get(a), Some(i as u32));
+        }
+        for (i, &a) in far.iter().enumerate() {
+            assert_eq!(t.get(a), Some(10_000 + i as u32));
+        }
+        assert_eq!(t.get(base + 4), None);
     }
 }
