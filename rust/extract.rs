@@ -777,7 +777,7 @@ impl<'py> Extractor<'py> {
             }
             let name = self.prog.push_str(name);
             let target =
-                unsafe { self.target(op, target_obj, gm, prefix, &children, &node, depth)? };
+                unsafe { self.target(op, target_obj, gm, prefix, &children, &node, name, depth)? };
             let [.., args_obj, kwargs_obj] = self.fields(&node, &mut keep)?;
             let ctx = NodeCtx {
                 index: &index,
@@ -1086,6 +1086,7 @@ impl<'py> Extractor<'py> {
 
     /// The target of a node. May run Python code (the resolver, `get_attr` chains, reading a
     /// child graph), so every pointer read from the node before this call is dead after it.
+    /// `node_name` is the span of the node's name, pushed just before.
     ///
     /// # Safety
     /// `t` must be borrowed from `node` (held by the caller).
@@ -1098,6 +1099,7 @@ impl<'py> Extractor<'py> {
         prefix: &str,
         children: &Children<'_, 'py>,
         node: &Bound<'py, PyAny>,
+        node_name: Span,
         depth: usize,
     ) -> PyResult<Target> {
         let text = |t: *mut ffi::PyObject| {
@@ -1136,7 +1138,11 @@ impl<'py> Extractor<'py> {
                     return Ok(Target::Submod(i));
                 }
                 let i = self.prog.submods.len() as u32;
-                let name = self.prog.push_str(qual);
+                // Split graphs name a call after its child: share the node's text then.
+                let name = match self.prog.str(node_name) == qual {
+                    true => node_name,
+                    false => self.prog.push_str(qual),
+                };
                 // Python code may run from here on: hold the target (`local` is its text).
                 let t = Bound::from_borrowed_ptr(self.py, t);
                 let child = self.child(gm, children, &t, local).ok_or_else(|| {
