@@ -483,8 +483,11 @@ pub struct Extractor<'py> {
     resolver: Bound<'py, PyAny>,
     /// Resolved call_function targets by object (held, so an id is never reused meanwhile).
     targets: FxHashMap<usize, (Target, Bound<'py, PyAny>)>,
-    /// Hash of a qualified child name -> its submodule index (names compared on hit).
-    submods: Table<u32>,
+    /// Hash of a qualified child name -> its submodule index (names compared on hit). None
+    /// while every child came as the entry after the last one found in its module's
+    /// `_modules` ([`Children::next_if`]), as in split graphs: no name can repeat then, and
+    /// the table is made only when one does not come that way.
+    submods: Option<Table<u32>>,
     /// Keyword keys' text spans, packed, by str object (held).
     key_spans: FxHashMap<usize, (Slot, Bound<'py, PyAny>)>,
     /// Whether a child of this type is a plain GraphModule (inlined), by type pointer.
@@ -594,7 +597,7 @@ impl<'py> Extractor<'py> {
             t: Types::get(py)?,
             resolver,
             targets: FxHashMap::default(),
-            submods: Table::with_capacity(0),
+            submods: None,
             key_spans: FxHashMap::default(),
             inline_types: FxHashMap::default(),
             submod_names: Vec::new(),
@@ -651,7 +654,9 @@ impl<'py> Extractor<'py> {
     /// (see [`Program::discard`]); the pool and the helper stay.
     pub fn discard_program(&mut self) {
         std::mem::take(&mut self.prog).discard();
-        std::mem::replace(&mut self.submods, Table::with_capacity(0)).discard();
+        if let Some(t) = self.submods.take() {
+            t.discard();
+        }
     }
 
     /// The names and last uses the helper worked out for the graphs it was handed (none
@@ -721,9 +726,8 @@ impl<'py> Extractor<'py> {
         self.prog.args.reserve(per_batch * 8);
         self.prog.text.reserve(n_nodes * 24);
         if depth == 0 {
-            // Split graphs call a child every other node or so; growing the tables from
+            // Split graphs call a child every other node or so; growing the lists from
             // nothing would write (and fault in) twice their final memory.
-            self.submods = Table::with_capacity(n_nodes / 2);
             self.prog.submods.reserve(n_nodes / 2);
             self.submod_names.reserve(n_nodes / 2);
         }
@@ -892,14 +896,14 @@ impl<'py> Extractor<'py> {
         // other field objects are only prefetched.
         unsafe {
             let next = read_slot(n, sl.next);
-            if root
-                && is_node(next)
-                && read_slot(next, sl.fields[F_OP]) as usize == self.t.call_module
-            {
-                let t = read_slot(next, sl.fields[F_TARGET]);
-                if !t.is_null() && ffi::PyUnicode_CheckExact(t) != 0 {
-                    if let Some(text) = ascii_bytes(t) {
-                        self.submods.prefetch(hash_bytes(text));
+            if let (true, Some(submods)) = (root, &self.submods) {
+                if is_node(next) && read_slot(next, sl.fields[F_OP]) as usize == self.t.call_module
+                {
+                    let t = read_slot(next, sl.fields[F_TARGET]);
+                    if !t.is_null() && ffi::PyUnicode_CheckExact(t) != 0 {
+                        if let Some(text) = ascii_bytes(t) {
+                            submods.prefetch(hash_bytes(text));
+                        }
                     }
                 }
             }
@@ -1062,9 +1066,19 @@ impl<'py> Extractor<'py> {
         }
     }
 
-    /// The submodule already registered under `qual` (hash `h`).
-    fn find_submod(&self, h: u64, qual: &str) -> Option<u32> {
-        self.submods.find(h, |i| self.prog.submod_name(i) == qual)
+    /// The submodule already registered under `qual`, making the table of names first if
+    /// there is none yet.
+    fn find_submod(&mut self, qual: &str) -> Option<u32> {
+        let p = &self.prog;
+        let table = self.submods.get_or_insert_with(|| {
+            let n = p.submods.len();
+            let mut t = Table::with_capacity(2 * n + 64);
+            for i in 0..n as u32 {
+                t.insert(hash_bytes(p.submod_name(i).as_bytes()), i);
+            }
+            t
+        });
+        table.find(hash_bytes(qual.as_bytes()), |i| p.submod_name(i) == qual)
     }
 
     /// The op of a node: a pointer compare against the interned op names fx uses, else text.
@@ -1133,21 +1147,31 @@ impl<'py> Extractor<'py> {
                     qual_buf = format!("{prefix}{local}");
                     &qual_buf
                 };
-                let h = hash_bytes(qual.as_bytes());
-                if let Some(i) = self.find_submod(h, qual) {
-                    return Ok(Target::Submod(i));
-                }
+                // Python code may run from here on: hold the target (`local` is its text).
+                let t = Bound::from_borrowed_ptr(self.py, t);
+                // A child that comes as the next entry of `_modules` is new unless a name has
+                // come another way (the table then exists and is asked first).
+                let next = match &self.submods {
+                    None if !local.contains('.') => children.next_if(self.py, t.as_ptr(), local),
+                    _ => None,
+                };
+                let child = match next.filter(|c| !c.is_none()) {
+                    Some(child) => child,
+                    None => {
+                        if let Some(i) = self.find_submod(qual) {
+                            return Ok(Target::Submod(i));
+                        }
+                        self.child(gm, children, &t, local).ok_or_else(|| {
+                            node_error(node, format!("missing child: no submodule named {local:?}"))
+                        })?
+                    }
+                };
                 let i = self.prog.submods.len() as u32;
                 // Split graphs name a call after its child: share the node's text then.
                 let name = match self.prog.str(node_name) == qual {
                     true => node_name,
                     false => self.prog.push_str(qual),
                 };
-                // Python code may run from here on: hold the target (`local` is its text).
-                let t = Bound::from_borrowed_ptr(self.py, t);
-                let child = self.child(gm, children, &t, local).ok_or_else(|| {
-                    node_error(node, format!("missing child: no submodule named {local:?}"))
-                })?;
                 self.prog.submods.push(Submod {
                     name,
                     kind: SubmodKind::Opaque,
@@ -1155,7 +1179,9 @@ impl<'py> Extractor<'py> {
                 // A root-level child's qualified name is its target's text: return that object.
                 let same = prefix.is_empty() && t.is_exact_instance_of::<PyString>();
                 self.submod_names.push(same.then(|| t.clone()));
-                self.submods.insert(h, i);
+                if let Some(table) = &mut self.submods {
+                    table.insert(hash_bytes(qual.as_bytes()), i);
+                }
                 let ty = type_ptr(&child);
                 let inline = match self.inline_types.get(&ty) {
                     Some(&b) => b,

@@ -761,12 +761,17 @@ def test_children_found_in_any_call_order(surface: str) -> None:
     torch.testing.assert_close(compile_surface(gm, surface)(x), want)
     _, names, _ = generate_surface(gm, surface)
     assert names == list(dict.fromkeys(order))
-    # The None entry is a missing child, whichever way it is looked up.
-    g2 = fx.Graph()
-    g2.output(g2.call_module("empty", (g2.placeholder("x"),)))
-    gm.graph = g2
-    with pytest.raises(CodegenError, match="empty"):
-        generate_surface(gm, surface)
+    # The None entry is a missing child, whichever way it is looked up: out of order, or as
+    # the entry after the last child found.
+    for calls in (["empty"], ["c0", "c1", "empty"]):
+        g2 = fx.Graph()
+        h = g2.placeholder("x")
+        for name in calls:
+            h = g2.call_module(name, (h,))
+        g2.output(h)
+        gm.graph = g2
+        with pytest.raises(CodegenError, match="empty"):
+            generate_surface(gm, surface)
 
 
 class ShownGraphModule(fx.GraphModule):
