@@ -1066,9 +1066,9 @@ impl<'py> Extractor<'py> {
         }
     }
 
-    /// The submodule already registered under `qual`, making the table of names first if
-    /// there is none yet.
-    fn find_submod(&mut self, qual: &str) -> Option<u32> {
+    /// The submodule already registered under `qual` (hash `h`), making the table of names
+    /// first if there is none yet.
+    fn find_submod(&mut self, h: u64, qual: &str) -> Option<u32> {
         let p = &self.prog;
         let table = self.submods.get_or_insert_with(|| {
             let n = p.submods.len();
@@ -1078,7 +1078,7 @@ impl<'py> Extractor<'py> {
             }
             t
         });
-        table.find(hash_bytes(qual.as_bytes()), |i| p.submod_name(i) == qual)
+        table.find(h, |i| p.submod_name(i) == qual)
     }
 
     /// The op of a node: a pointer compare against the interned op names fx uses, else text.
@@ -1155,15 +1155,18 @@ impl<'py> Extractor<'py> {
                     None if !local.contains('.') => children.next_if(self.py, t.as_ptr(), local),
                     _ => None,
                 };
-                let child = match next.filter(|c| !c.is_none()) {
-                    Some(child) => child,
+                // The name's hash, once there is a table to hold it.
+                let (child, h) = match next.filter(|c| !c.is_none()) {
+                    Some(child) => (child, None),
                     None => {
-                        if let Some(i) = self.find_submod(qual) {
+                        let h = hash_bytes(qual.as_bytes());
+                        if let Some(i) = self.find_submod(h, qual) {
                             return Ok(Target::Submod(i));
                         }
-                        self.child(gm, children, &t, local).ok_or_else(|| {
+                        let child = self.child(gm, children, &t, local).ok_or_else(|| {
                             node_error(node, format!("missing child: no submodule named {local:?}"))
-                        })?
+                        })?;
+                        (child, Some(h))
                     }
                 };
                 let i = self.prog.submods.len() as u32;
@@ -1179,8 +1182,8 @@ impl<'py> Extractor<'py> {
                 // A root-level child's qualified name is its target's text: return that object.
                 let same = prefix.is_empty() && t.is_exact_instance_of::<PyString>();
                 self.submod_names.push(same.then(|| t.clone()));
-                if let Some(table) = &mut self.submods {
-                    table.insert(hash_bytes(qual.as_bytes()), i);
+                if let (Some(table), Some(h)) = (&mut self.submods, h) {
+                    table.insert(h, i);
                 }
                 let ty = type_ptr(&child);
                 let inline = match self.inline_types.get(&ty) {
