@@ -56,36 +56,18 @@ const OPS: [(&str, Op); 6] = [
 #[derive(Clone, Copy)]
 struct Slots {
     fields: [isize; 5],
-    /// `_next`, for prefetching the nodes ahead (the walk itself uses fx's iterator).
+    /// `_next`, for prefetching the nodes ahead.
     next: isize,
 }
 
 impl Slots {
     fn load(py: Python<'_>, node_type: &Bound<'_, PyType>) -> Option<Slots> {
         let base = py.import("torch._C").ok()?.getattr("_NodeBase").ok()?;
-        let member_type = py
-            .import("types")
-            .ok()?
-            .getattr("MemberDescriptorType")
-            .ok()?;
         let offset = |name: &str| -> Option<isize> {
-            let d = base.getattr("__dict__").ok()?.get_item(name).ok()?;
+            let (d, offset, code) = member(py, &base, name)?;
             // The descriptor `Node` resolves must be this very member of the C base.
-            if !d.get_type().is(&member_type) || !node_type.getattr(name).ok()?.is(&d) {
-                return None;
-            }
-            // SAFETY: `d` is a live member_descriptor, whose C layout is PyMemberDescrObject.
-            unsafe {
-                let descr = d.as_ptr() as *const ffi::PyMemberDescrObject;
-                let member = (*descr).d_member;
-                if member.is_null() {
-                    return None;
-                }
-                match (*member).type_code {
-                    ffi::Py_T_OBJECT_EX => Some((*member).offset),
-                    _ => None,
-                }
-            }
+            let own = node_type.getattr(name).ok()?.is(&d);
+            (own && code == ffi::Py_T_OBJECT_EX).then_some(offset)
         };
         let mut fields = [0; 5];
         for (o, name) in fields.iter_mut().zip(FIELD_NAMES) {
@@ -96,6 +78,32 @@ impl Slots {
             next: offset("_next")?,
         })
     }
+}
+
+/// Member `name` of the C type `base`: its descriptor, offset and C type code.
+fn member<'py>(
+    py: Python<'py>,
+    base: &Bound<'py, PyAny>,
+    name: &str,
+) -> Option<(Bound<'py, PyAny>, isize, std::ffi::c_int)> {
+    let member_type = py
+        .import("types")
+        .ok()?
+        .getattr("MemberDescriptorType")
+        .ok()?;
+    let d = base.getattr("__dict__").ok()?.get_item(name).ok()?;
+    if !d.get_type().is(&member_type) {
+        return None;
+    }
+    // SAFETY: `d` is a live member_descriptor, whose C layout is PyMemberDescrObject.
+    let (offset, code) = unsafe {
+        let member = (*(d.as_ptr() as *const ffi::PyMemberDescrObject)).d_member;
+        if member.is_null() {
+            return None;
+        }
+        ((*member).offset, (*member).type_code)
+    };
+    Some((d, offset, code))
 }
 
 /// Reads an object slot of `obj` at `offset`: a borrowed pointer, NULL when unset.
@@ -240,38 +248,119 @@ unsafe fn device_value(obj: *mut ffi::PyObject, at: usize) -> u16 {
 struct Walk {
     graph_prop: Py<PyAny>,
     nodes_prop: Py<PyAny>,
-    node_iter: Py<PyAny>,
+    links: Links,
+}
+
+/// Where fx's C node base keeps the links of its doubly linked node list. Following them here
+/// is what `_NodeIter` does, without creating one per graph: on a call that finds the caches
+/// cold, creating it cost ~12 µs (a sixth of a 16-node `generate`).
+#[derive(Clone, Copy)]
+struct Links {
+    /// `torch._C._NodeBase` (a type object's address): every object followed must be an
+    /// instance.
+    base: usize,
+    /// `_next`, an object slot.
+    next: isize,
+    /// `_erased`, a C bool.
+    erased: isize,
+}
+
+impl Links {
+    fn load(py: Python<'_>) -> Option<Links> {
+        let base = py.import("torch._C").ok()?.getattr("_NodeBase").ok()?;
+        let (_, next, next_code) = member(py, &base, "_next")?;
+        let (_, erased, erased_code) = member(py, &base, "_erased")?;
+        if next_code != ffi::Py_T_OBJECT_EX || erased_code != ffi::Py_T_BOOL {
+            return None;
+        }
+        let base = base.cast_into::<PyType>().ok()?;
+        Some(Links {
+            // The type object lives as long as torch._C, which is never unloaded.
+            base: base.as_ptr() as usize,
+            next,
+            erased,
+        })
+    }
+}
+
+/// A graph's nodes in order: fx's own iterator, or its walk done here ([`Links`]).
+enum Nodes<'py> {
+    Fx(Bound<'py, PyIterator>),
+    Links {
+        links: Links,
+        root: Bound<'py, PyAny>,
+        /// The node returned last (the root before the first).
+        at: Bound<'py, PyAny>,
+    },
+}
+
+impl<'py> Iterator for Nodes<'py> {
+    type Item = PyResult<Bound<'py, PyAny>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (links, root, at) = match self {
+            Nodes::Fx(it) => return it.next(),
+            Nodes::Links { links, root, at } => (*links, root, at),
+        };
+        let py = root.py();
+        loop {
+            // SAFETY: `at` is held and is a `_NodeBase` instance (the root was checked by the
+            // caller, every node since below), so its `_next` slot is at `links.next`. The
+            // pointer read is borrowed from `at` and taken over (a new reference) before any
+            // Python code can run.
+            let next = unsafe { read_slot(at.as_ptr(), links.next) };
+            let base = links.base as *mut ffi::PyTypeObject;
+            if next.is_null() || unsafe { ffi::PyObject_TypeCheck(next, base) } == 0 {
+                let why = "a node's _next link is not a node: the graph's node list is broken";
+                return Some(Err(Error::Invalid(why.into()).into()));
+            }
+            if next == root.as_ptr() {
+                return None;
+            }
+            *at = unsafe { Bound::from_borrowed_ptr(py, next) };
+            // SAFETY: `at` is a `_NodeBase` instance (checked above); `_erased` is a C bool.
+            let erased = unsafe { *(at.as_ptr() as *const u8).offset(links.erased) } != 0;
+            if !erased {
+                return Some(Ok(at.clone()));
+            }
+        }
+    }
 }
 
 impl Walk {
     fn load(py: Python<'_>) -> PyResult<Option<Walk>> {
         let fx = py.import("torch.fx")?;
+        let Some(links) = Links::load(py) else {
+            return Ok(None);
+        };
         let walk = Walk {
             graph_prop: fx.getattr("GraphModule")?.getattr("graph")?.unbind(),
             nodes_prop: fx.getattr("Graph")?.getattr("nodes")?.unbind(),
-            node_iter: py.import("torch.fx.graph")?.getattr("_NodeIter")?.unbind(),
+            links,
         };
+        // A sample graph with an erased node left linked (as while its graph is being
+        // changed) must walk as fx walks it.
         let g = fx.getattr("Graph")?.call0()?;
         let x = g.call_method1("placeholder", ("x",))?;
-        g.call_method1("output", (x,))?;
+        let y = g.call_method1("placeholder", ("y",))?;
+        g.call_method1("output", (&x,))?;
         let m = fx.getattr("GraphModule")?.call1((PyDict::new(py), &g))?;
+        y.setattr("_erased", true)?;
         let Some((n, walked)) = walk.nodes(&m)? else {
             return Ok(None);
         };
         let expected = m.getattr("graph")?.getattr("nodes")?.try_iter()?;
-        let same = walked
-            .zip(expected)
-            .map(|(a, b)| Ok(a?.is(&b?)))
-            .collect::<PyResult<Vec<bool>>>()?;
-        Ok((n == 2 && same == [true, true]).then_some(walk))
+        let walked = walked.collect::<PyResult<Vec<_>>>()?;
+        let expected = expected.collect::<PyResult<Vec<_>>>()?;
+        y.setattr("_erased", false)?;
+        let same =
+            walked.len() == expected.len() && walked.iter().zip(&expected).all(|(a, b)| a.is(b));
+        Ok((n == 3 && same && walked.len() == 2).then_some(walk))
     }
 
     /// `(len(gm.graph.nodes), iter(gm.graph.nodes))`, or None where `gm` or its graph is of a
     /// type that replaces those properties.
-    fn nodes<'py>(
-        &self,
-        gm: &Bound<'py, PyAny>,
-    ) -> PyResult<Option<(usize, Bound<'py, PyIterator>)>> {
+    fn nodes<'py>(&self, gm: &Bound<'py, PyAny>) -> PyResult<Option<(usize, Nodes<'py>)>> {
         let py = gm.py();
         // Whether `obj`'s type still takes attribute `name` from fx (`prop`).
         let fx_own = |obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>, prop: &Py<PyAny>| {
@@ -286,9 +375,17 @@ impl Walk {
         }
         let n = graph.getattr(intern!(py, "_len"))?.extract::<usize>()?;
         let root = graph.getattr(intern!(py, "_root"))?;
-        let it = self.node_iter.bind(py).call1((root, false))?;
-        let it = it.cast_into::<PyIterator>()?;
-        Ok(Some((n, it)))
+        // SAFETY: `base` is a live type object (see `Links::base`).
+        let base = self.links.base as *mut ffi::PyTypeObject;
+        if unsafe { ffi::PyObject_TypeCheck(root.as_ptr(), base) } == 0 {
+            return Ok(None);
+        }
+        let nodes = Nodes::Links {
+            links: self.links,
+            at: root.clone(),
+            root,
+        };
+        Ok(Some((n, nodes)))
     }
 }
 
@@ -698,7 +795,7 @@ impl<'py> Extractor<'py> {
                 let list = gm
                     .getattr(intern!(py, "graph"))?
                     .getattr(intern!(py, "nodes"))?;
-                (list.len().unwrap_or(0), list.try_iter()?)
+                (list.len().unwrap_or(0), Nodes::Fx(list.try_iter()?))
             }
         };
         let mut index = NodeIndex::with_capacity(n_nodes);

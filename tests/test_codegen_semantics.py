@@ -21,7 +21,7 @@ from typing import Any
 import fxcodegen
 import pytest
 import torch
-from conftest import SURFACES, compile_surface, generate_surface, raw_gm
+from conftest import SURFACES, compile_surface, fresh_python, generate_surface, raw_gm
 from fxcodegen import CodegenError
 from torch import fx
 
@@ -814,6 +814,46 @@ def test_graph_and_nodes_read_through_overridden_properties(surface: str) -> Non
     g.output(g.call_function(operator.sub, (a, b)))
     fn = compile_surface(raw_gm(g), surface)
     assert fn(5, 3) == -2
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_node_list_walked_as_fx_walks_it(surface: str) -> None:
+    # The core follows the nodes' `_next` links itself. A node marked erased while still
+    # linked (as while fx changes a graph) is skipped, as fx's own iteration skips it.
+    g = fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    dropped = g.call_function(operator.add, (a, b))
+    g.output(g.call_function(operator.mul, (a, b)))
+    gm = raw_gm(g)
+    dropped._erased = True
+    assert dropped not in list(gm.graph.nodes)
+    code = generate_surface(gm, surface)[0]
+    assert "add" not in code and "mul" in code
+    assert compile_surface(gm, surface)(5, 3) == 15
+
+
+BROKEN_LINK = """
+import operator, fxcodegen
+from torch import fx
+g = fx.Graph()
+a = g.placeholder("a")
+node = g.call_function(operator.neg, (a,))
+g.output(node)
+gm = fx.GraphModule({}, g)
+node._next = "not a node"
+try:
+    fxcodegen.generate(gm)
+except fxcodegen.CodegenError as e:
+    print("CodegenError:", e)
+"""
+
+
+def test_a_broken_node_link_is_a_clear_error() -> None:
+    # fx's own iterator would read a str as a node; the core's walk checks every link. In a
+    # fresh process, so that a crash fails this test only.
+    run = fresh_python(BROKEN_LINK, {})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "CodegenError:" in run.stdout and "node list is broken" in run.stdout
 
 
 @pytest.mark.parametrize("surface", SURFACES)
