@@ -291,6 +291,9 @@ enum Nodes<'py> {
         root: Bound<'py, PyAny>,
         /// The node returned last (the root before the first).
         at: Bound<'py, PyAny>,
+        /// Links left to follow before the list counts as broken: a cycle that misses the root
+        /// would otherwise be followed forever (as fx's own iterator does).
+        left: usize,
     },
 }
 
@@ -298,12 +301,22 @@ impl<'py> Iterator for Nodes<'py> {
     type Item = PyResult<Bound<'py, PyAny>>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let (links, root, at) = match self {
+        let (links, root, at, left) = match self {
             Nodes::Fx(it) => return it.next(),
-            Nodes::Links { links, root, at } => (*links, root, at),
+            Nodes::Links {
+                links,
+                root,
+                at,
+                left,
+            } => (*links, root, at, left),
         };
         let py = root.py();
         loop {
+            let Some(l) = left.checked_sub(1) else {
+                let why = "the graph's node list is broken: its links do not lead back to its root";
+                return Some(Err(Error::Invalid(why.into()).into()));
+            };
+            *left = l;
             // SAFETY: `at` is held and is a `_NodeBase` instance (the root was checked by the
             // caller, every node since below), so its `_next` slot is at `links.next`. The
             // pointer read is borrowed from `at` and taken over (a new reference) before any
@@ -384,6 +397,8 @@ impl Walk {
             links: self.links,
             at: root.clone(),
             root,
+            // Far more than the graph's nodes and any erased ones still linked.
+            left: 4 * n + 1024,
         };
         Ok(Some((n, nodes)))
     }
