@@ -832,6 +832,41 @@ def test_node_list_walked_as_fx_walks_it(surface: str) -> None:
     assert compile_surface(gm, surface)(5, 3) == 15
 
 
+class ErasesOnLookup:
+    """A callable whose `__name__`, read while the graph is read, erases a later node."""
+
+    def __init__(self, graph: fx.Graph, state: dict[str, Any]) -> None:
+        self.graph, self.state = graph, state
+
+    def __call__(self, x: Any) -> Any:
+        return x + 1
+
+    @property
+    def __name__(self) -> str:  # type: ignore[override]
+        victim = self.state.pop("victim", None)
+        if victim is not None:
+            self.graph.erase_node(victim)
+            gc.collect()
+        return "erases"
+
+
+def test_node_list_changed_while_read() -> None:
+    # Python code that runs while the graph is read (here a target's attributes) may change
+    # the node list: the walk goes on from the current node's link, as fx's iterator does,
+    # and never touches the node erased and freed.
+    g = fx.Graph()
+    a = g.placeholder("a")
+    state: dict[str, Any] = {}
+    first = g.call_function(ErasesOnLookup(g, state), (a,))
+    state["victim"] = g.call_function(operator.neg, (a,))
+    g.output(g.call_function(operator.add, (first, a)))
+    gen = fxcodegen.generate(raw_gm(g))
+    assert not state, "the target was looked up"
+    assert "neg" not in gen.code and "operator.add" in gen.code
+    fn = fxcodegen.compile_execution_fn(gen.code, {}, gen.submod_names, gen.consts)
+    assert fn(1) == 3
+
+
 BROKEN_LINK = """
 import operator, sys, fxcodegen
 from torch import fx
