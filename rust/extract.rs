@@ -281,6 +281,12 @@ impl Links {
             erased,
         })
     }
+
+    /// Whether `obj` (a live object, or NULL) is a `_NodeBase`, whose links can be read.
+    fn is_node(&self, obj: *mut ffi::PyObject) -> bool {
+        // SAFETY: `base` is a live type object (see `Links::base`); `obj` is live if not NULL.
+        !obj.is_null() && unsafe { ffi::PyObject_TypeCheck(obj, self.base as *mut _) } != 0
+    }
 }
 
 /// A graph's nodes in order: fx's own iterator, or its walk done here ([`Links`]).
@@ -322,8 +328,7 @@ impl<'py> Iterator for Nodes<'py> {
             // pointer read is borrowed from `at` and taken over (a new reference) before any
             // Python code can run.
             let next = unsafe { read_slot(at.as_ptr(), links.next) };
-            let base = links.base as *mut ffi::PyTypeObject;
-            if next.is_null() || unsafe { ffi::PyObject_TypeCheck(next, base) } == 0 {
+            if !links.is_node(next) {
                 let why = "a node's _next link is not a node: the graph's node list is broken";
                 return Some(Err(Error::Invalid(why.into()).into()));
             }
@@ -388,9 +393,7 @@ impl Walk {
         }
         let n = graph.getattr(intern!(py, "_len"))?.extract::<usize>()?;
         let root = graph.getattr(intern!(py, "_root"))?;
-        // SAFETY: `base` is a live type object (see `Links::base`).
-        let base = self.links.base as *mut ffi::PyTypeObject;
-        if unsafe { ffi::PyObject_TypeCheck(root.as_ptr(), base) } == 0 {
+        if !self.links.is_node(root.as_ptr()) {
             return Ok(None);
         }
         let nodes = Nodes::Links {
