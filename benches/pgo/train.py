@@ -103,14 +103,18 @@ def opaque_root(rng: random.Random, num_nodes: int) -> fx.GraphModule:
         return _module(b.graph, children, False)
 
 
+def _with_inputs() -> tuple[_Builder, fx.Node, fx.Node]:
+    """A graph builder with the placeholders ``x`` (a tensor) and ``s`` (a size) added."""
+    b = _Builder()
+    return b, b.node("placeholder", "x", name="x"), b.node("placeholder", "s", name="s")
+
+
 def _ops_child(rng: random.Random, num_nodes: int, depth: int) -> fx.GraphModule:
     """A plain GraphModule of aten ops, some calling a nested plain child."""
-    b = _Builder()
-    node = b.node
     children: dict[str, torch.nn.Module] = {}
     with _no_gc():
-        x = node("placeholder", "x", name="x")
-        s = node("placeholder", "s", name="s")
+        b, x, s = _with_inputs()
+        node = b.node
         w = node("get_attr", "w")
         prev = x
         kept = [x, w]
@@ -152,12 +156,10 @@ def _ops_child(rng: random.Random, num_nodes: int, depth: int) -> fx.GraphModule
 def inline_root(rng: random.Random, num_nodes: int) -> fx.GraphModule:
     """A root calling one to three plain GraphModule children between opaque ones."""
     n_children = rng.randint(1, 3)
-    b = _Builder()
-    node = b.node
     children: dict[str, torch.nn.Module] = {}
     with _no_gc():
-        x = node("placeholder", "x", name="x")
-        s = node("placeholder", "s", name="s")
+        b, x, s = _with_inputs()
+        node = b.node
         prev = x
         for k in range(n_children):
             children[f"graph_{k}"] = _ops_child(rng, num_nodes // n_children, depth=2)
