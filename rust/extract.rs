@@ -788,6 +788,12 @@ impl<'py> Extractor<'py> {
         drop(self.helper.take());
     }
 
+    /// The helper, once it has handed its scratch memory back after
+    /// [`Extractor::take_streamed`] (None if there is none or its thread failed).
+    pub fn settled_helper(&mut self) -> Option<Helper> {
+        self.helper.take().filter(Helper::settle)
+    }
+
     fn graph(&mut self, gm: &Bound<'py, PyAny>, prefix: &str, depth: usize) -> PyResult<u32> {
         let py = self.py;
         if depth > MAX_DEPTH {

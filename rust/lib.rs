@@ -57,6 +57,12 @@ mod core_ext {
     /// Sources at least this large are copied into the `str` with a page-populating helper.
     const PREFAULT_MIN_BYTES: usize = 8 << 20;
 
+    /// A root written on the helper whose module is at least this large has that helper
+    /// populate the `str`'s pages as it is filled: a `str` this large gets fresh pages from the
+    /// system (glibc maps it) on every call. A smaller one usually lands in memory the call
+    /// freed, and the helper is ended first, handing its spare batches back (peak memory).
+    const POPULATE_MIN_BYTES: usize = 1 << 20;
+
     #[pymodule_export]
     use crate::error::CodegenError;
 
@@ -108,6 +114,7 @@ mod core_ext {
     fn str_of<'py>(
         py: Python<'py>,
         len: usize,
+        helper: Option<Helper>,
         write: impl FnOnce(&mut Fill),
         text: impl FnOnce() -> PyResult<String>,
     ) -> PyResult<Bound<'py, PyString>> {
@@ -124,7 +131,7 @@ mod core_ext {
             let obj = Bound::from_owned_ptr(py, obj);
             let mut fill = Fill::raw(data, len);
             {
-                let _helper = prefault(data, len);
+                let _helper = prefault(data, len, helper);
                 write(&mut fill);
             }
             if fill.ascii && fill.full() {
@@ -142,24 +149,26 @@ mod core_ext {
     ) -> PyResult<Bound<'py, PyString>> {
         let len: usize = parts.iter().map(|s| s.as_ref().len()).sum();
         let write = |w: &mut Fill| parts.iter().for_each(|s| w.put(s.as_ref().as_bytes()));
-        str_of(py, len, write, || {
+        str_of(py, len, None, write, || {
             Ok(parts.iter().map(AsRef::as_ref).collect())
         })
     }
 
-    /// A large source lands in fresh pages: a helper that faults in all but the first quarter
-    /// of the `len` bytes at `data` while this thread writes them (join it, by dropping it,
-    /// after writing).
-    fn prefault(data: *mut u8, len: usize) -> Option<Helper> {
-        (len >= PREFAULT_MIN_BYTES && default_threads() > 1)
-            .then(|| Helper::start(None))
-            .flatten()
-            .inspect(|pf| {
-                let (start, end) = (data as usize + len / 4, data as usize + len);
-                for at in (start..end).step_by(CHUNK) {
-                    pf.request(at, (at + CHUNK).min(end));
-                }
-            })
+    /// A large source lands in fresh pages: a helper (`helper`, or one started for a source of
+    /// [`PREFAULT_MIN_BYTES`]) that faults in all but the first quarter of the `len` bytes at
+    /// `data` while this thread writes them (join it, by dropping it, after writing).
+    fn prefault(data: *mut u8, len: usize, helper: Option<Helper>) -> Option<Helper> {
+        let start = || {
+            (len >= PREFAULT_MIN_BYTES && default_threads() > 1)
+                .then(|| Helper::start(None))
+                .flatten()
+        };
+        helper.or_else(start).inspect(|pf| {
+            let (start, end) = (data as usize + len / 4, data as usize + len);
+            for at in (start..end).step_by(CHUNK) {
+                pf.request(at, (at + CHUNK).min(end));
+            }
+        })
     }
 
     /// The module around a root the helper wrote ([`crate::emit::Body`]), assembled straight
@@ -170,6 +179,7 @@ mod core_ext {
         root: &Root,
         names: &Names,
         live: &Liveness,
+        helper: Option<Helper>,
     ) -> PyResult<Bound<'py, PyString>> {
         let write = |w: &mut Fill| root.body.module(layout, names, live, w);
         // Only when the str could not be filled: counted again, so that a length the helper
@@ -182,7 +192,7 @@ mod core_ext {
             String::from_utf8(bytes)
                 .map_err(|_| Error::Invalid("generated source is not UTF-8".into()).into())
         };
-        str_of(py, root.len, write, text)
+        str_of(py, root.len, helper, write, text)
     }
 
     fn submod_names(p: &crate::Program) -> Vec<String> {
@@ -268,8 +278,15 @@ mod core_ext {
                 Some((root, parts, live)) => {
                     let out = write_back(py, &ex.pool, consts, const_index)?;
                     // The helper hands its scratch back before the str takes memory (peak).
-                    ex.end_helper();
-                    let source = root_str(py, &layout, &root, &parts.over(&root.text), &live)?;
+                    let helper = match root.len >= POPULATE_MIN_BYTES {
+                        true => ex.settled_helper(),
+                        false => {
+                            ex.end_helper();
+                            None
+                        }
+                    };
+                    let over = parts.over(&root.text);
+                    let source = root_str(py, &layout, &root, &over, &live, helper)?;
                     let _keep = crate::alloc::Keep::new();
                     drop(root);
                     return Ok((source, names, out));

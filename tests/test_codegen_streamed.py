@@ -100,6 +100,17 @@ def test_mixed_root_equals_the_code_written_from_the_whole_node_list() -> None:
     assert torch.equal(out, want) and x2 is x and s2 == 3
 
 
+def test_a_module_written_into_pages_the_helper_populates_is_the_same() -> None:
+    """From 1 MiB on, the helper that wrote a root stays on to populate the pages of the str
+    the module is assembled into (its spare batches are freed after, not before): the code,
+    on a first call and on one reusing the kept buffers, is still the whole list's."""
+    gm = mixed_gm(4500)
+    want = whole_list_code(gm)
+    assert len(want) >= 1 << 20
+    assert fxcodegen.generate(gm).code == want
+    assert fxcodegen.generate(gm).code == want
+
+
 @pytest.mark.parametrize("n", [LARGE, LARGE + 1, 5 * 1024, 5 * 1024 + 1, 3 * LARGE - 1])
 def test_roots_ending_at_and_around_batch_ends(n: int) -> None:
     gm = chain_gm(n)
