@@ -158,12 +158,12 @@ mod core_ext {
     /// [`PREFAULT_MIN_BYTES`]) that faults in all but the first quarter of the `len` bytes at
     /// `data` while this thread writes them (join it, by dropping it, after writing).
     fn prefault(data: *mut u8, len: usize, helper: Option<Helper>) -> Option<Helper> {
-        let start = || {
+        let spawn = || {
             (len >= PREFAULT_MIN_BYTES && default_threads() > 1)
                 .then(|| Helper::start(None))
                 .flatten()
         };
-        helper.or_else(start).inspect(|pf| {
+        helper.or_else(spawn).inspect(|pf| {
             let (start, end) = (data as usize + len / 4, data as usize + len);
             for at in (start..end).step_by(CHUNK) {
                 pf.request(at, (at + CHUNK).min(end));
