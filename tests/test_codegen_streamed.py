@@ -7,6 +7,7 @@ writes while reading), and must fail the same way on graphs it cannot handle.
 from __future__ import annotations
 
 import operator
+import threading
 from pathlib import Path
 
 import fxcodegen
@@ -109,6 +110,34 @@ def test_a_module_written_into_pages_the_helper_populates_is_the_same() -> None:
     assert len(want) >= 1 << 20
     assert fxcodegen.generate(gm).code == want
     assert fxcodegen.generate(gm).code == want
+
+
+def test_written_roots_generated_from_several_threads_are_the_same() -> None:
+    """Calls from several Python threads each have their own helper, which polls for work
+    while another call holds the GIL: every call still writes the whole list's code, for roots
+    whose `str` the helper populates (1 MiB and more) and roots below that."""
+    gms = [mixed_gm(4500), mixed_gm(1500)]
+    wants = [whole_list_code(gm) for gm in gms]
+    got: list[bool] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def work(k: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(4):
+                j = (i + k) % len(gms)
+                got.append(fxcodegen.generate(gms[j]).code == wants[j])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert got == [True] * 16
 
 
 @pytest.mark.parametrize("n", [LARGE, LARGE + 1, 5 * 1024, 5 * 1024 + 1, 3 * LARGE - 1])
