@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,27 @@ def fresh_python(
         text=True,
         check=check,
     )
+
+
+def run_in_threads(n: int, work: Callable[[int], None]) -> list[BaseException]:
+    """Runs ``work(k)`` for ``k`` in ``range(n)``, each on its own thread, all released together;
+    returns what they raised."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n)
+
+    def run(k: int) -> None:
+        try:
+            barrier.wait()
+            work(k)
+        except BaseException as e:  # noqa: BLE001 - returned to the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
 
 
 def raw_gm(graph: fx.Graph, root: torch.nn.Module | None = None) -> fx.GraphModule:

@@ -13,7 +13,6 @@ import gc
 import math
 import operator
 import struct
-import threading
 import traceback
 import weakref
 from typing import Any
@@ -21,7 +20,14 @@ from typing import Any
 import fxcodegen
 import pytest
 import torch
-from conftest import SURFACES, compile_surface, fresh_python, generate_surface, raw_gm
+from conftest import (
+    SURFACES,
+    compile_surface,
+    fresh_python,
+    generate_surface,
+    raw_gm,
+    run_in_threads,
+)
 from fxcodegen import CodegenError
 from torch import fx
 
@@ -1252,25 +1258,14 @@ def test_concurrent_generate_is_safe() -> None:
     gms = [nested_split_gm(), fx.symbolic_trace(TracedModel()), memory_gm(Tracker(), True)]
     expected = [fxcodegen.generate(gm) for gm in gms]
     results: list[Any] = []
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(8)
 
     def work(k: int) -> None:
-        try:
-            barrier.wait()
-            for i in range(40):
-                gm = gms[(i + k) % len(gms)]
-                gen = fxcodegen.generate(gm)
-                results.append((gms.index(gm), gen.code, gen.submod_names, gen.consts))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for i in range(40):
+            gm = gms[(i + k) % len(gms)]
+            gen = fxcodegen.generate(gm)
+            results.append((gms.index(gm), gen.code, gen.submod_names, gen.consts))
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert not run_in_threads(8, work)
     assert len(results) == 8 * 40
     for idx, code, names, consts in results:
         exp = expected[idx]

@@ -7,13 +7,12 @@ writes while reading), and must fail the same way on graphs it cannot handle.
 from __future__ import annotations
 
 import operator
-import threading
 from pathlib import Path
 
 import fxcodegen
 import pytest
 import torch
-from conftest import fresh_python, raw_gm
+from conftest import fresh_python, raw_gm, run_in_threads
 from torch import fx
 
 # Two threads write while reading from this many nodes on (the helper's threshold).
@@ -119,24 +118,13 @@ def test_written_roots_generated_from_several_threads_are_the_same() -> None:
     gms = [mixed_gm(4500), mixed_gm(1500)]
     wants = [whole_list_code(gm) for gm in gms]
     got: list[bool] = []
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(4)
 
     def work(k: int) -> None:
-        try:
-            barrier.wait()
-            for i in range(4):
-                j = (i + k) % len(gms)
-                got.append(fxcodegen.generate(gms[j]).code == wants[j])
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for i in range(4):
+            j = (i + k) % len(gms)
+            got.append(fxcodegen.generate(gms[j]).code == wants[j])
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert not run_in_threads(4, work)
     assert got == [True] * 16
 
 
