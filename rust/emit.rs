@@ -296,6 +296,40 @@ impl<'b> Fill<'b> {
     pub fn full(&self) -> bool {
         self.at == self.len && !self.over
     }
+
+    /// Writes the next `at` bytes with `first` on this thread while another (this one, should
+    /// none start) writes the rest of the buffer with `rest`.
+    pub fn split(
+        &mut self,
+        at: usize,
+        first: impl FnOnce(&mut Fill),
+        rest: impl Fn(&mut Fill) + Sync,
+    ) {
+        let left = self.len - self.at;
+        let at = at.min(left);
+        // The part of the buffer this fill has left, as an address another thread can take.
+        let start = self.ptr as usize + self.at;
+        // SAFETY (both): `start..start + at` and `start + at..start + left` are disjoint parts of
+        // the part of the buffer this fill has left, each written through one fill only, and
+        // both fills are done with before this one is used again.
+        let mut head = unsafe { Fill::raw(start as *mut u8, at) };
+        let write_rest = || {
+            let mut f = unsafe { Fill::raw((start + at) as *mut u8, left - at) };
+            rest(&mut f);
+            (f.at, f.ascii, f.over)
+        };
+        let (at_rest, ascii, over) = thread::scope(|s| {
+            let other = thread::Builder::new().spawn_scoped(s, write_rest);
+            first(&mut head);
+            match other {
+                Ok(h) => h.join().unwrap_or_else(|e| panic::resume_unwind(e)),
+                Err(_) => write_rest(),
+            }
+        });
+        self.ascii &= head.ascii && ascii;
+        self.over |= head.over || over || head.at != at;
+        self.at += head.at + at_rest;
+    }
 }
 
 impl Sink for Fill<'_> {
@@ -397,6 +431,13 @@ impl Body {
     /// The module: the header [`emit`] writes, then the root function (`def` line, statements,
     /// `del`s, fused getitems), byte for byte as [`emit`] writes it from the whole program.
     pub fn module(&self, layout: &Layout, names: &Names, live: &Liveness, w: &mut impl Sink) {
+        self.head(layout, names, w);
+        self.statements(0..self.kinds.len(), names, live, w);
+        self.tail(w);
+    }
+
+    /// The module's header and `def` line.
+    pub fn head(&self, layout: &Layout, names: &Names, w: &mut impl Sink) {
         if layout.header {
             w.put(b"import torch\nimport operator\n");
         }
@@ -419,17 +460,20 @@ impl Body {
             }
         }
         w.put(b"):\n");
-        let n = self.kinds.len();
-        let mut j = 0;
-        while j < n {
+    }
+
+    /// The statements of the nodes in `nodes`, which starts at a statement ([`Body::split`]).
+    pub fn statements(
+        &self,
+        nodes: std::ops::Range<usize>,
+        names: &Names,
+        live: &Liveness,
+        w: &mut impl Sink,
+    ) {
+        let mut j = nodes.start;
+        while j < nodes.end {
             let bits = self.kinds[j];
-            let fused = bits & kind::CALL != 0
-                && live.uses[j] == 1
-                && self
-                    .kinds
-                    .get(j + 1)
-                    .is_some_and(|&b| b & kind::ITEM_OF_PREV != 0);
-            if fused {
+            if self.fuses(j, live) {
                 // `b = f(...)[i]`: the call's value never gets a name (nor a `del`).
                 w.put(b"    ");
                 w.put(names.get(j as u32 + 1).as_bytes());
@@ -455,9 +499,61 @@ impl Body {
             dels(w, live.after(j), &[], u32::MAX, names);
             j += 1;
         }
+    }
+
+    /// What ends the module: `return None` when the graph has no output.
+    pub fn tail(&self, w: &mut impl Sink) {
         if self.kinds.last().is_none_or(|&b| b & kind::OUTPUT == 0) {
             w.put(b"    return None\n");
         }
+    }
+
+    /// How many nodes the body has.
+    pub fn nodes(&self) -> usize {
+        self.kinds.len()
+    }
+
+    /// The module's length, and where statement `mid` ([`Body::split`]) starts in it.
+    pub fn count(
+        &self,
+        layout: &Layout,
+        names: &Names,
+        live: &Liveness,
+        mid: usize,
+    ) -> (usize, usize) {
+        let mut c = Count::default();
+        self.head(layout, names, &mut c);
+        self.statements(0..mid, names, live, &mut c);
+        let at = c.0;
+        self.statements(mid..self.nodes(), names, live, &mut c);
+        self.tail(&mut c);
+        (c.0, at)
+    }
+
+    /// Whether node `j` is a call written together with the getitem of it right after it.
+    fn fuses(&self, j: usize, live: &Liveness) -> bool {
+        self.kinds[j] & kind::CALL != 0
+            && live.uses[j] == 1
+            && self
+                .kinds
+                .get(j + 1)
+                .is_some_and(|&b| b & kind::ITEM_OF_PREV != 0)
+    }
+
+    /// A node about halfway through the right-hand sides at which a statement starts, so the
+    /// statements can be written in two parts there.
+    pub fn split(&self, live: &Liveness) -> usize {
+        let half = self.ends.last().map_or(0, |&e| e / 2);
+        self.statement_from(self.ends.partition_point(|&e| e < half), live)
+    }
+
+    /// The first node from `j` on that starts a statement: one that cannot be the getitem of a
+    /// fused pair, because the node before it does not fuse with it (or the end).
+    pub fn statement_from(&self, mut j: usize, live: &Liveness) -> usize {
+        while j > 0 && j < self.kinds.len() && self.fuses(j - 1, live) {
+            j += 1;
+        }
+        j.min(self.kinds.len())
     }
 }
 

@@ -594,6 +594,32 @@ fn written_in_batches(p: &Program, layout: &Layout, batch: usize) -> String {
     let mut fill = Fill::new(&mut buf);
     body.module(layout, &names, &live, &mut fill);
     assert!(fill.full() && fill.ascii);
+    // Written in two parts, on two threads, from any statement on: the same bytes.
+    let n = body.nodes();
+    assert_eq!(
+        body.split(&live),
+        body.statement_from(body.split(&live), &live)
+    );
+    for j in 0..=n {
+        let mid = body.statement_from(j, &live);
+        let (len, at) = body.count(layout, &names, &live, mid);
+        assert_eq!(len, count.0);
+        let mut halves = vec![0; len];
+        let mut fill = Fill::new(&mut halves);
+        fill.split(
+            at,
+            |w| {
+                body.head(layout, &names, w);
+                body.statements(0..mid, &names, &live, w);
+            },
+            |w| {
+                body.statements(mid..n, &names, &live, w);
+                body.tail(w);
+            },
+        );
+        assert!(fill.full() && fill.ascii, "split at node {mid}");
+        assert_eq!(halves, buf, "split at node {mid}");
+    }
     String::from_utf8(buf).expect("UTF-8")
 }
 
@@ -683,4 +709,17 @@ fn a_fill_given_more_than_counted_stops_and_is_not_full() {
     let mut fill = Fill::new(&mut buf);
     fill.put(b"abcd");
     assert!(fill.full() && fill.ascii);
+    // Split: either part given more (or less) than its share is not full; non-ASCII shows.
+    let parts = |first: &'static [u8], rest: &'static [u8]| {
+        let mut buf = [0u8; 4];
+        let mut fill = Fill::new(&mut buf);
+        fill.put(b"a");
+        fill.split(2, |w| w.put(first), |w| w.put(rest));
+        (fill.full(), fill.ascii, buf)
+    };
+    assert_eq!(parts(b"bc", b"d"), (true, true, *b"abcd"));
+    assert!(!parts(b"b", b"cd").0, "the first part fell short");
+    assert!(!parts(b"bcd", b"").0, "the first part ran over");
+    assert!(!parts(b"bc", b"de").0, "the second part ran over");
+    assert!(!parts(b"bc", &[0xc3]).1, "a byte that is not ASCII");
 }

@@ -11,7 +11,7 @@
 //! the source is assembled from the right-hand sides, names and last uses once the read ends,
 //! byte for byte what the emitter writes from the whole node list.
 
-use crate::emit::{Body, Count, Layout, Style};
+use crate::emit::{Body, Layout, Style};
 use crate::ir::{Graph, Node, Op, Program, Slot, Span};
 use crate::liveness::{Builder, Liveness};
 use crate::names::{hash_bytes, NameParts, Namer, Reserved};
@@ -137,6 +137,9 @@ pub struct Root {
     pub body: Body,
     pub text: String,
     pub len: usize,
+    /// A statement about halfway ([`Body::split`]), and where it starts in the module.
+    pub mid: usize,
+    pub at: usize,
 }
 
 /// One graph the helper is handed.
@@ -275,13 +278,15 @@ impl Streams {
                     Some(w) => {
                         let text = g.namer.take_text();
                         let over = names.over(&text);
-                        let mut count = Count::default();
-                        w.body.module(&layout, &over, &live, &mut count);
+                        let mid = w.body.split(&live);
+                        let (len, at) = w.body.count(&layout, &over, &live, mid);
                         let names = over.into_parts();
                         let root = Root {
                             body: w.body,
                             text,
-                            len: count.0,
+                            len,
+                            mid,
+                            at,
                         };
                         (names, Some(root))
                     }

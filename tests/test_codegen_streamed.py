@@ -111,6 +111,17 @@ def test_a_module_written_into_pages_the_helper_populates_is_the_same() -> None:
     assert fxcodegen.generate(gm).code == want
 
 
+def test_a_module_filled_in_two_halves_side_by_side_is_the_same() -> None:
+    """From 4 MiB on, the module is filled in two halves, the second on a thread of its own,
+    split at a statement about halfway (never inside a call fused with its getitem): the code
+    is still the whole list's, on a first call and on one reusing the kept buffers."""
+    gm = mixed_gm(19000)
+    want = whole_list_code(gm)
+    assert len(want) >= 4 << 20
+    assert fxcodegen.generate(gm).code == want
+    assert fxcodegen.generate(gm).code == want
+
+
 def test_written_roots_generated_from_several_threads_are_the_same() -> None:
     """Calls from several Python threads each have their own helper, which polls for work
     while another call holds the GIL: every call still writes the whole list's code, for roots
