@@ -157,6 +157,17 @@ def test_peak_memory_probe() -> None:
     assert m["nodes"] == 199 and m["source_bytes"] > 0 and m["peak_extra_bytes"] >= 0
 
 
+def test_peak_memory_is_the_median_of_fresh_processes() -> None:
+    if runner.peak_memory("stitch", 30, "fxcodegen") is None:
+        pytest.skip("no /proc/self/clear_refs here")
+    impls = runner.available_impls(["fxcodegen"])
+    row = runner.run_shape("stitch", 30, impls, 1, memory_runs=3)
+    runs = row.peak_extra_runs["fxcodegen"]
+    assert len(runs) == 3 and all(r >= 0 for r in runs)
+    assert row.peak_extra_bytes["fxcodegen"] == sorted(runs)[1]
+    assert row.as_dict()["peak_extra_runs"]["fxcodegen"] == runs
+
+
 def test_cli_writes_table_and_json(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
     rc = cli.main(

@@ -84,6 +84,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument(
+        "--memory-runs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="fresh processes per peak-memory figure, median (default 3 up to 200k nodes, 1 above)",
+    )
     p.add_argument("--runtime-layers", type=int, default=128, help="children for --shape runtime")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     return p
@@ -209,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 memory=not args.no_memory,
                 min_time_s=args.min_time,
                 log=log,
+                memory_runs=args.memory_runs,
             )
             rows.append(row.as_dict())
     if rows:
