@@ -100,24 +100,20 @@ def test_mixed_root_equals_the_code_written_from_the_whole_node_list() -> None:
     assert torch.equal(out, want) and x2 is x and s2 == 3
 
 
-def test_a_module_written_into_pages_the_helper_populates_is_the_same() -> None:
+@pytest.mark.parametrize(
+    ("layers", "min_bytes"),
+    [(4500, 1 << 20), (19000, 4 << 20)],
+    ids=["populated-by-the-helper", "filled-in-two-halves"],
+)
+def test_a_large_written_module_is_the_same(layers: int, min_bytes: int) -> None:
     """From 1 MiB on, the helper that wrote a root stays on to populate the pages of the str
-    the module is assembled into (its spare batches are freed after, not before): the code,
+    the module is assembled into (its spare batches are freed after, not before); from 4 MiB
+    on, the module is filled in two halves, the second on a thread of its own, split at a
+    statement about halfway (never inside a call fused with its getitem). Either way the code,
     on a first call and on one reusing the kept buffers, is still the whole list's."""
-    gm = mixed_gm(4500)
+    gm = mixed_gm(layers)
     want = whole_list_code(gm)
-    assert len(want) >= 1 << 20
-    assert fxcodegen.generate(gm).code == want
-    assert fxcodegen.generate(gm).code == want
-
-
-def test_a_module_filled_in_two_halves_side_by_side_is_the_same() -> None:
-    """From 4 MiB on, the module is filled in two halves, the second on a thread of its own,
-    split at a statement about halfway (never inside a call fused with its getitem): the code
-    is still the whole list's, on a first call and on one reusing the kept buffers."""
-    gm = mixed_gm(19000)
-    want = whole_list_code(gm)
-    assert len(want) >= 4 << 20
+    assert len(want) >= min_bytes
     assert fxcodegen.generate(gm).code == want
     assert fxcodegen.generate(gm).code == want
 

@@ -266,8 +266,8 @@ def run_shape(
     memory_runs: int | None = None,
 ) -> Row:
     """Times ``impls`` on one workload; peak memory is the median over ``memory_runs`` fresh
-    processes (default: 3 up to 200k nodes, where one process's peak moves by up to a tenth of
-    the source with the heap's layout, 1 above)."""
+    processes (default: 3 up to 200k nodes, where one process's peak moves with the heap's
+    layout, by up to half the source at 1k-10k nodes; 1 above)."""
     t0 = time.perf_counter()
     wl = _build(shape, size)
     log(f"{shape} {size}: built {wl.num_nodes} nodes in {time.perf_counter() - t0:.1f}s")
