@@ -13,6 +13,10 @@
 //! pages already resident. Everything else goes to the system allocator unchanged. The kept
 //! blocks stay allocated between calls: that is the price, bounded by the limit
 //! (`FXCODEGEN_RETAIN_MB` in the Python module, 0 turns it off) and handed back by [`release`].
+//!
+//! [`adopt`] makes a `String` over another owner's memory (the data of a Python `str` being
+//! filled), so that text written through it lands in place: this allocator recognises the
+//! block and never frees it.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -31,6 +35,9 @@ pub const SLOTS: usize = 48;
 /// at 100k; `benches/RESULTS.md`, twenty-second session).
 pub const SLACK: usize = 8;
 
+/// How many blocks of other owners [`adopt`] may note at once (one per call in progress).
+pub const FOREIGN: usize = 8;
+
 /// The retention limit until [`set_limit`] is called.
 pub const DEFAULT_LIMIT: usize = 64 << 20;
 
@@ -47,6 +54,9 @@ pub struct Cache {
     /// is at least [`MIN_BLOCK`] bytes as its owner knows it, so its dealloc comes back here.
     lent: [(usize, usize); SLOTS],
     n_lent: usize,
+    /// Other owners' blocks that Strings were made over ([`adopt`]): `(address, size)`.
+    foreign: [(usize, usize); FOREIGN],
+    n_foreign: usize,
     /// Bytes in `kept`.
     bytes: usize,
 }
@@ -65,6 +75,8 @@ impl Cache {
             n_kept: 0,
             lent: [(0, 0); SLOTS],
             n_lent: 0,
+            foreign: [(0, 0); FOREIGN],
+            n_foreign: 0,
             bytes: 0,
         }
     }
@@ -119,6 +131,39 @@ impl Cache {
             .iter()
             .find(|&&(p, _)| p == ptr)
             .map(|&(_, s)| s)
+    }
+
+    /// Notes `size` bytes at `ptr` as another owner's; false when no note can be made.
+    pub fn adopt(&mut self, ptr: usize, size: usize) -> bool {
+        if self.n_foreign == FOREIGN {
+            return false;
+        }
+        self.foreign[self.n_foreign] = (ptr, size);
+        self.n_foreign += 1;
+        true
+    }
+
+    /// Whether the block at `ptr` is another owner's.
+    pub fn is_foreign(&self, ptr: usize) -> bool {
+        self.foreign[..self.n_foreign]
+            .iter()
+            .any(|&(p, _)| p == ptr)
+    }
+
+    /// Forgets the block at `ptr` if it is another owner's (its String is done with it), and
+    /// says whether it was.
+    pub fn disown(&mut self, ptr: usize) -> bool {
+        match self.foreign[..self.n_foreign]
+            .iter()
+            .position(|&(p, _)| p == ptr)
+        {
+            Some(i) => {
+                self.n_foreign -= 1;
+                self.foreign[i] = self.foreign[self.n_foreign];
+                true
+            }
+            None => false,
+        }
     }
 
     /// Keeps a freed block of `size` real bytes if it fits under `limit`; false when the
@@ -249,6 +294,26 @@ pub fn release() -> usize {
     trim(0)
 }
 
+/// A `String` of capacity `cap` over the `cap` bytes at `ptr`, which belong to another owner:
+/// what is written through it lands there. This allocator never frees those bytes: dropping
+/// the String forgets them, and growing or shrinking it moves its text into a block of its
+/// own. None for fewer than [`MIN_BLOCK`] bytes (only blocks that large are looked up when
+/// freed) or when [`FOREIGN`] blocks are noted already.
+///
+/// # Safety
+/// The bytes are valid for writes, and used by nothing else, until the String is dropped or
+/// has moved out of them.
+pub unsafe fn adopt(ptr: *mut u8, cap: usize) -> Option<String> {
+    if cap < MIN_BLOCK || ptr.is_null() || !CACHE.with(|c| c.adopt(ptr as usize, cap)) {
+        return None;
+    }
+    // SAFETY: the bytes are the caller's to lend. The String's only ways to give them up,
+    // `dealloc` and `realloc` with its capacity (at least MIN_BLOCK bytes, so both look the
+    // block up), come to this allocator, which finds it noted as foreign and never hands it to
+    // the system allocator.
+    Some(unsafe { String::from_raw_parts(ptr, 0, cap) })
+}
+
 /// How many allocations so far were served by a kept block.
 pub fn hits() -> usize {
     HITS.load(Ordering::Relaxed)
@@ -313,6 +378,9 @@ unsafe impl GlobalAlloc for Retaining {
                 0
             };
             let (kept, real) = CACHE.with(|c| {
+                if c.disown(ptr as usize) {
+                    return (true, 0); // another owner's: not this allocator's to free
+                }
                 let real = c.returned(ptr as usize, l.size());
                 (c.keep(ptr as usize, real, limit), real)
             });
@@ -326,27 +394,28 @@ unsafe impl GlobalAlloc for Retaining {
 
     unsafe fn realloc(&self, ptr: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
         let new = Layout::from_size_align_unchecked(new_size, l.align());
-        // Only a block its owner knows as large can be lent (larger than it thinks).
-        let lent = if cached(&l) {
-            CACHE.with(|c| c.lent_size(ptr as usize))
+        // Only a block its owner knows as large can be lent (larger than it thinks) or foreign.
+        let (lent, foreign) = if cached(&l) {
+            CACHE.with(|c| (c.lent_size(ptr as usize), c.is_foreign(ptr as usize)))
         } else {
-            None
+            (None, false)
         };
-        let to = match lent {
+        let to = match (lent, foreign) {
             // A lent block already large enough stays where it is.
-            Some(real) if real >= new_size && cached(&new) => return ptr,
-            // Its real size is only known here: move it.
-            Some(_) => match take_for(&new) {
+            (Some(real), _) if real >= new_size && cached(&new) => return ptr,
+            // A lent block's real size is only known here, and another owner's block is left
+            // (`dealloc` below forgets it): move it.
+            (Some(_), _) | (None, true) => match take_for(&new) {
                 Some(p) => p,
                 None => System.alloc(new),
             },
             // Growing into a kept block saves its faults; otherwise the system moves the block
             // or resizes it in place.
-            None if new_size > l.size() => match take_for(&new) {
+            _ if new_size > l.size() => match take_for(&new) {
                 Some(p) => p,
                 None => return System.realloc(ptr, l, new_size),
             },
-            None => return System.realloc(ptr, l, new_size),
+            _ => return System.realloc(ptr, l, new_size),
         };
         if to.is_null() {
             return to;
@@ -447,6 +516,73 @@ mod tests {
         }
         assert_eq!(c.take(2 * K - 1), None);
         assert_eq!(c.take(2 * K).map(|t| t.size), Some(2 * K));
+    }
+
+    #[test]
+    fn foreign_blocks_are_noted_up_to_the_slots_and_forgotten_once() {
+        let mut c = Cache::new();
+        for i in 0..FOREIGN {
+            assert!(c.adopt(0x1000 * (i + 1), K));
+        }
+        assert!(!c.adopt(0x9_9000, K));
+        assert!(c.is_foreign(0x1000) && !c.is_foreign(0x9_9000));
+        assert!(c.disown(0x1000));
+        assert!(!c.disown(0x1000) && !c.is_foreign(0x1000));
+        assert!(c.adopt(0x9_9000, K));
+        assert_eq!(c.bytes(), 0);
+    }
+
+    /// A String made over another owner's bytes writes into them; dropping, growing or
+    /// shrinking it never frees them (the owner frees them at the end: a double free would
+    /// abort), even while freed blocks are being kept.
+    #[test]
+    fn an_adopted_string_writes_in_place_and_never_frees_its_bytes() {
+        let _keep = Keep::new();
+        let cap = 2 * MIN_BLOCK;
+        let l = Layout::from_size_align(cap, 1).unwrap();
+        let noted = |p: *mut u8| {
+            CACHE.with(|c| {
+                c.is_foreign(p as usize) || c.kept[..c.n_kept].iter().any(|k| k.0 == p as usize)
+            })
+        };
+        for case in 0..3 {
+            // SAFETY: a block of the test's own, freed below once no String uses it.
+            let buf = unsafe { System.alloc(l) };
+            assert!(!buf.is_null());
+            // SAFETY: the block is valid and used by nothing else until freed below.
+            let mut s = unsafe { adopt(buf, cap) }.expect("a large block is adopted");
+            s.push_str("def f():\n");
+            assert_eq!((s.as_ptr(), s.capacity()), (buf as *const u8, cap));
+            match case {
+                0 => drop(s),
+                1 => {
+                    let more = "x".repeat(cap);
+                    s.push_str(&more);
+                    assert_ne!(s.as_ptr(), buf as *const u8);
+                    assert_eq!(s, format!("def f():\n{more}"));
+                    drop(s);
+                }
+                _ => {
+                    s.shrink_to_fit();
+                    assert_ne!(s.as_ptr(), buf as *const u8);
+                    assert_eq!(s, "def f():\n");
+                    drop(s);
+                }
+            }
+            assert!(
+                !noted(buf),
+                "the block is still noted, or was kept as this allocator's"
+            );
+            // SAFETY: the test's block, still valid (a block handed to the system would be
+            // unmapped, at this size, and fault here).
+            unsafe {
+                assert_eq!(std::slice::from_raw_parts(buf, 9), b"def f():\n");
+                std::ptr::write_bytes(buf, 1, cap);
+                System.dealloc(buf, l);
+            }
+        }
+        // SAFETY: never written: too small to be adopted.
+        assert!(unsafe { adopt(std::ptr::NonNull::dangling().as_ptr(), MIN_BLOCK - 1) }.is_none());
     }
 
     /// A fork while another thread is inside the cache waits for it, so the child can

@@ -169,28 +169,57 @@ impl Source {
         out.extend(self.pieces());
         out
     }
+
+    /// The source, when it is the whole text of the first buffer (one thread wrote it all).
+    pub fn whole(&self) -> Option<&str> {
+        let first = self.buffers.first()?;
+        let mut at = 0;
+        for (b, r) in &self.pieces {
+            if *b != 0 || r.start != at {
+                return None;
+            }
+            at = r.end;
+        }
+        (at == first.len()).then_some(first.as_str())
+    }
+}
+
+/// Bytes of source to expect per node of `p`, and a buffer size for all of its source:
+/// generous (untouched capacity costs address space, not memory), since regrowing copies the
+/// source (inline 1k: 74 bytes a node, 6.5 of text).
+pub fn expected_size(p: &Program) -> (usize, usize) {
+    let nodes: usize = p.graphs.iter().map(|g| g.nodes.len()).sum();
+    let per_node = 64 + 2 * p.text.len() / nodes.max(1);
+    (per_node, 256 + nodes * per_node)
+}
+
+/// Whether [`emit_streamed`] with these `threads` and `parallel_min` writes all of `p`'s source
+/// on one thread, into its first buffer ([`Source::whole`]).
+pub fn one_writer(p: &Program, threads: usize, parallel_min: usize) -> bool {
+    threads < 2 || p.graphs.iter().all(|g| g.nodes.len() < parallel_min)
 }
 
 /// The source in pieces; `threads` is 1 or 2 and the joined source does not depend on it.
 pub fn emit_with_threads(p: &Program, layout: &Layout, threads: usize) -> Source {
-    emit_streamed(p, layout, threads, PARALLEL_MIN_NODES, Vec::new())
+    emit_streamed(p, layout, threads, PARALLEL_MIN_NODES, Vec::new(), None)
 }
 
 /// [`emit_with_threads`] for a program some of whose graphs already have their names and last
 /// uses, worked out for this layout while they were read, with the second thread only for
-/// functions of `parallel_min` nodes or more; the source is the same.
+/// functions of `parallel_min` nodes or more; the source is the same. The first buffer is
+/// `into` when given (empty, [`expected_size`] its capacity; it moves if the source outgrows
+/// it), else a new one.
 pub fn emit_streamed(
     p: &Program,
     layout: &Layout,
     threads: usize,
     parallel_min: usize,
     streamed: Vec<Streamed>,
+    into: Option<String>,
 ) -> Source {
-    let nodes: usize = p.graphs.iter().map(|g| g.nodes.len()).sum();
-    // Generous (untouched capacity costs address space, not memory): regrowing copies the
-    // source (inline 1k: 74 bytes a node, 6.5 of text).
-    let per_node = 64 + 2 * p.text.len() / nodes.max(1);
-    let mut e = Emitter::new(p, layout, 256 + nodes * per_node);
+    let (per_node, size) = expected_size(p);
+    let mut e = Emitter::new(p, layout, 0);
+    e.out = Out::over(into.unwrap_or_else(|| String::with_capacity(size)));
     e.threads = threads;
     e.parallel_min = parallel_min;
     e.per_node = per_node;

@@ -405,6 +405,34 @@ fn two_threads_emit_the_same_source_on_large_functions() {
     }
 }
 
+/// A source one thread writes is the whole text of its first buffer: the one it was given
+/// while it has room (so a caller's memory can hold it), a new one when it outgrows that.
+/// Written by two threads, it is not.
+#[test]
+fn a_source_one_thread_writes_is_its_first_buffer_whole() {
+    use crate::emit::{
+        emit_streamed, emit_with_threads, expected_size, one_writer, PARALLEL_MIN_NODES,
+    };
+    let layout = native();
+    let p = mixed(2_000, 3, true);
+    p.validate().expect("valid");
+    let want = emit_with_threads(&p, &layout, 1).concat();
+    assert!(one_writer(&p, 2, PARALLEL_MIN_NODES));
+    for cap in [expected_size(&p).1, 64] {
+        let into = String::with_capacity(cap);
+        let at = into.as_ptr();
+        let code = emit_streamed(&p, &layout, 2, PARALLEL_MIN_NODES, Vec::new(), Some(into));
+        let whole = code.whole().expect("one buffer");
+        assert_eq!(whole, want);
+        assert_eq!(whole.as_ptr() == at, cap > 64, "{cap}");
+    }
+    let p = mixed(PARALLEL_MIN_NODES + 100, 3, false);
+    assert!(!one_writer(&p, 2, PARALLEL_MIN_NODES) && one_writer(&p, 1, PARALLEL_MIN_NODES));
+    assert!(emit_with_threads(&p, &layout, 2).whole().is_none());
+    let one = emit_with_threads(&p, &layout, 1);
+    assert_eq!(one.whole(), Some(one.concat().as_str()));
+}
+
 #[test]
 fn two_threads_emit_the_same_source() {
     use crate::emit::{emit_with_threads, PARALLEL_MIN_NODES};

@@ -28,8 +28,13 @@ pub struct Out {
 
 impl Out {
     pub fn with_capacity(n: usize) -> Out {
+        Out::over(String::with_capacity(n))
+    }
+
+    /// An Out appending to `s`.
+    pub fn over(s: String) -> Out {
         Out {
-            s: String::with_capacity(n),
+            s,
             #[cfg(debug_assertions)]
             left: 0,
         }
