@@ -307,10 +307,11 @@ pub unsafe fn adopt(ptr: *mut u8, cap: usize) -> Option<String> {
     if cap < MIN_BLOCK || ptr.is_null() || !CACHE.with(|c| c.adopt(ptr as usize, cap)) {
         return None;
     }
-    // SAFETY: the bytes are the caller's to lend. The String's only ways to give them up,
-    // `dealloc` and `realloc` with its capacity (at least MIN_BLOCK bytes, so both look the
-    // block up), come to this allocator, which finds it noted as foreign and never hands it to
-    // the system allocator.
+    // SAFETY: the bytes are the caller's to lend. `from_raw_parts` asks for a block of the
+    // global allocator because the String gives its block back there: its only ways to, the
+    // `dealloc` and `realloc` of this allocator with its capacity (at least MIN_BLOCK bytes,
+    // so both look the block up), find it noted as foreign and never pass it on to the system
+    // allocator.
     Some(unsafe { String::from_raw_parts(ptr, 0, cap) })
 }
 
