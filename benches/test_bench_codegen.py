@@ -6,6 +6,7 @@ of the compiled stitching function. Speed is only reported here, never asserted;
 from __future__ import annotations
 
 import json
+import mmap
 import operator
 from typing import Any
 
@@ -168,6 +169,13 @@ def test_peak_memory_is_the_median_of_fresh_processes() -> None:
     assert row.as_dict()["peak_extra_runs"]["fxcodegen"] == runs
 
 
+def test_page_cost_probe() -> None:
+    cost = runner.page_cost_us()
+    assert cost is not None
+    # A first write makes the kernel find and zero a page before the write itself.
+    assert cost["resident"] > 0 and cost["fresh"] > 0
+
+
 def test_cli_writes_table_and_json(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
     rc = cli.main(
@@ -183,6 +191,10 @@ def test_cli_writes_table_and_json(tmp_path: Any, capsys: pytest.CaptureFixture[
         assert set(r["ns_per_node"]) == set(IMPLS)
         assert r["ratios"]["reference/fxcodegen"] > 0
     assert data["min_time_s"] == 0
+    for r in data["rows"]:
+        assert set(r["page_us"]) == {"before", "after"}
+        assert all(set(c) == {"fresh", "resident"} for c in r["page_us"].values())
+    assert all(set(r["faults_per_run"]) == set(IMPLS) for r in data["rows"])
     assert all(n == 1 for r in data["rows"] for n in r["runs"].values())
     assert cli.main(["--shape", "nope"]) == 2
 
@@ -197,6 +209,24 @@ def test_measure_adds_rounds_until_min_time() -> None:
     times = runner.measure(gm, impls, 3, min_time_s=3600, max_rounds=7)
     assert {k: len(v) for k, v in times.items()} == {"a": 7, "b": 7}
     assert calls.count("a") == calls.count("b") == 10
+
+
+def test_measure_counts_the_pages_a_run_faults_in() -> None:
+    gm = workloads.stitch(4).gm
+    pages = 256
+
+    def fresh(g: Any) -> None:
+        # A new mapping each run, every page written once: each write faults one page in.
+        m = mmap.mmap(-1, pages * mmap.PAGESIZE)
+        for i in range(0, len(m), mmap.PAGESIZE):
+            m[i] = 1
+        m.close()
+
+    faults: dict[str, list[int]] = {}
+    runner.measure(gm, {"fresh": fresh, "none": lambda g: None}, 3, faults=faults)
+    assert len(faults["fresh"]) == len(faults["none"]) == 3
+    assert all(f >= pages for f in faults["fresh"])
+    assert all(f < pages for f in faults["none"])
 
 
 def test_parse_sizes() -> None:

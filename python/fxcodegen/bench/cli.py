@@ -105,6 +105,12 @@ def _pair(d: dict[str, Any], spec: str = "d") -> str:
     return f"{_fmt(a, spec)}/{_fmt(b, spec)}"
 
 
+def _fresh_page(page_us: dict[str, Any]) -> str:
+    """A fresh page's cost before and after a row's runs, in µs."""
+    costs = [page_us.get(k) for k in ("before", "after")]
+    return "–".join(_fmt(c["fresh"] if c else None, ".1f") for c in costs)
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The rows (``Row.as_dict()``) as a Markdown table."""
     head = [
@@ -120,6 +126,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         "source KiB fxc/ref",
         "compile() ns/node fxc/ref",
         "peak mem / source",
+        "faults/run fxc",
+        "fresh page µs",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" for _ in head) + "|"]
     for r in rows:
@@ -139,6 +147,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             _pair(kib, ".0f"),
             _pair(r["compile_ns_per_node"], ".0f"),
             _fmt(ratios.get("peak/source"), ".2f"),
+            _fmt(r.get("faults_per_run", {}).get("fxcodegen"), ",d"),
+            _fresh_page(r.get("page_us", {})),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -22,8 +22,10 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import mmap
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -118,11 +120,14 @@ def measure(
     budget_s: float = 60.0,
     min_time_s: float = 0.0,
     max_rounds: int = 101,
+    faults: dict[str, list[int]] | None = None,
 ) -> dict[str, list[float]]:
     """Seconds per run of each implementation: ``repeat`` interleaved rounds, each one
     dropping implementations whose runs so far exceed ``budget_s`` (at least one run each).
     Rounds go on past ``repeat`` until ``min_time_s`` has passed (at most ``max_rounds``): on
-    small graphs a run takes under a millisecond and a median of five is mostly noise."""
+    small graphs a run takes under a millisecond and a median of five is mostly noise.
+    ``faults``, when given, gets each run's page faults (all threads of the process): pages it
+    wrote that were not resident, the part of its time that fresh memory costs."""
     times: dict[str, list[float]] = {name: [] for name in impls}
     names = list(impls)
     start = time.perf_counter()
@@ -134,11 +139,15 @@ def measure(
                 continue
             fn = impls[name]
             gc.collect()
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter_ns()
             result = fn(gm)
             t1 = time.perf_counter_ns()
+            f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             del result
             times[name].append((t1 - t0) / 1e9)
+            if faults is not None:
+                faults.setdefault(name, []).append(f1 - f0)
         r += 1
     return times
 
@@ -234,6 +243,11 @@ class Row:
     """The median of ``peak_extra_runs``."""
     peak_extra_runs: dict[str, list[int]] = field(default_factory=dict)
     """Peak extra bytes of each fresh process measured."""
+    faults_per_run: dict[str, int] = field(default_factory=dict)
+    """Median page faults of a timed run (fresh pages written)."""
+    page_us: dict[str, dict[str, float] | None] = field(default_factory=dict)
+    """What a fresh and a resident page cost ``before`` and ``after`` the timed runs
+    (:func:`page_cost_us`): the machine's price of fresh memory, which drifts."""
     meta: dict[str, Any] = field(default_factory=dict)
 
     def ratio(self, a: str, b: str) -> float | None:
@@ -276,9 +290,13 @@ def run_shape(
     for fn in impls.values():
         fn(small.gm)
     row = Row(shape, size, wl.num_nodes, meta={k: v for k, v in wl.meta.items() if k != "expected"})
-    times = measure(wl.gm, impls, repeat, min_time_s=min_time_s)
+    row.page_us["before"] = page_cost_us()
+    faults: dict[str, list[int]] = {}
+    times = measure(wl.gm, impls, repeat, min_time_s=min_time_s, faults=faults)
+    row.page_us["after"] = page_cost_us()
     for name, ts in times.items():
         med = statistics.median(ts)
+        row.faults_per_run[name] = int(statistics.median(faults[name]))
         row.runs[name] = len(ts)
         row.median_s[name] = med
         row.ns_per_node[name] = med * 1e9 / wl.num_nodes
@@ -383,6 +401,37 @@ def _child_copy() -> Callable[..., Any]:
     # A distinct function object per child, like distinct compiled pieces.
     f = workloads.trivial_piece
     return type(f)(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+
+
+def page_cost_us(mib: int = 16, repeat: int = 3) -> dict[str, float] | None:
+    """What writing a 4 KiB page costs now, in µs (medians of ``repeat`` probes of ``mib``
+    MiB): ``fresh`` for a page first touched (the kernel finding, zeroing and mapping it, on
+    top of the write), ``resident`` for one written again. Large graphs write tens of MB of
+    fresh memory per call, and on a VM a fresh page can cost from a few to tens of µs, moving
+    from minute to minute. None where the probe cannot run."""
+    fresh: list[float] = []
+    resident: list[float] = []
+    n = mib << 20
+    pages = n // 4096
+    for _ in range(repeat):
+        try:
+            m = mmap.mmap(-1, n)
+        except (OSError, ValueError):  # pragma: no cover
+            return None
+        try:
+            view = ctypes.c_char.from_buffer(m)
+            addr = ctypes.addressof(view)
+            t0 = time.perf_counter()
+            ctypes.memset(addr, 1, n)
+            t1 = time.perf_counter()
+            ctypes.memset(addr, 2, n)
+            t2 = time.perf_counter()
+            del view
+        finally:
+            m.close()
+        resident.append((t2 - t1) / pages * 1e6)
+        fresh.append((t1 - t0) / pages * 1e6 - resident[-1])
+    return {"fresh": statistics.median(fresh), "resident": statistics.median(resident)}
 
 
 def machine() -> dict[str, Any]:
