@@ -167,7 +167,7 @@ fn bench_shape(c: &mut Criterion, shape: &str, make: fn(usize) -> (Program, usiz
         // freed for the next one (an `alloc::Keep` guard and a limit above a 1M call's ~0.3
         // GB), so the output and tables land on pages written before. That is the emitter's
         // own speed, without the kernel's cost of fresh memory, which decides it at 1M on a VM
-        // (`python -m fxcodegen bench` logs what a fresh page costs). Kept blocks are freed
+        // (`python -m fxcodegen bench` reports what a fresh page costs). Kept blocks are freed
         // afterwards, so that no other bench is served from them.
         alloc::set_limit(1 << 30);
         let keep = alloc::Keep::new();
