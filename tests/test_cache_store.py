@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -556,9 +557,12 @@ def test_key_is_stable_across_processes_and_free_of_host_details(tmp_path: Path)
     )
     assert out.stdout.strip() == C.compute_key(factors)
     text = json.dumps(factors)
-    assert socket.gethostname() not in text
     assert str(Path.cwd()) not in text and str(Path.home()) not in text
-    assert str(os.getpid()) not in text.replace(factors["fxcodegen_build"], "")
+    # The host name and the pid are short words: look for them as whole tokens, or a
+    # hex digest that happens to contain the pid's digits reads as a leak.
+    words = set(re.findall(r"[0-9A-Za-z_.-]+", text))
+    assert socket.gethostname() not in words
+    assert str(os.getpid()) not in words
     for name in ("torch", "python", "fxcodegen", "compiler", "graph", "splitting_ops"):
         assert name in factors
     # Each factor changes the key.
