@@ -137,7 +137,7 @@ pub fn default_threads() -> usize {
 
 /// Emits the module source for a program that passed [`Program::validate`] and [`check_layout`].
 pub fn emit(p: &Program, layout: &Layout) -> String {
-    emit_with_threads(p, layout, default_threads()).concat()
+    emit_with_threads(p, layout, default_threads()).into_string()
 }
 
 /// Generated source as pieces of the buffers the threads wrote, in order, so a caller copying
@@ -168,6 +168,59 @@ impl Source {
         let mut out = String::with_capacity(self.len());
         out.extend(self.pieces());
         out
+    }
+
+    /// The joined source, assembled in the first buffer rather than a new one: the first
+    /// buffer's pieces move up to where they belong, last first, and the other buffers' are
+    /// copied in between. That is [`Source::concat`]'s copying without its second block of the
+    /// source's size (fresh pages for all of it, at 1M nodes 50 MB: `benches/RESULTS.md`).
+    /// Falls back to `concat` if a piece of the first buffer would have to move down.
+    pub fn into_string(mut self) -> String {
+        let total = self.len();
+        if self.buffers.is_empty() {
+            return String::new();
+        }
+        // Where each piece goes; the first buffer's pieces may only move up (or stay), and
+        // are in order in it (each written after the one before).
+        let mut at = 0;
+        let mut end0 = 0;
+        for (b, r) in &self.pieces {
+            if *b == 0 {
+                if r.start < end0 || r.start > at {
+                    return self.concat();
+                }
+                end0 = r.end;
+            }
+            at += r.len();
+        }
+        let (first, others) = self.buffers.split_first_mut().expect("not empty");
+        // SAFETY: the bytes written are whole pieces of valid UTF-8, and `total` of them end
+        // up at the start of the buffer, so the result is valid UTF-8 (see below).
+        let buf = unsafe { first.as_mut_vec() };
+        buf.reserve(total.saturating_sub(buf.len()));
+        let base = buf.as_mut_ptr();
+        let mut at = total;
+        for (b, r) in self.pieces.iter().rev() {
+            at -= r.len();
+            // SAFETY: `at + r.len() <= total <= capacity`. A first-buffer piece moves up from
+            // `r.start <= at` (checked above): the pieces after it are already in place above
+            // `at + r.len()`, and those before it lie below `r.start`, so nothing still to be
+            // moved is overwritten (`copy` allows the overlap with its own old place). Another
+            // buffer's piece comes from a separate allocation.
+            unsafe {
+                match b {
+                    0 if r.start == at => {}
+                    0 => std::ptr::copy(base.add(r.start), base.add(at), r.len()),
+                    _ => {
+                        let src = others[b - 1].as_ptr().add(r.start);
+                        std::ptr::copy_nonoverlapping(src, base.add(at), r.len());
+                    }
+                }
+            }
+        }
+        // SAFETY: bytes `..total` are now all written, in order, and are the joined pieces.
+        unsafe { buf.set_len(total) };
+        self.buffers.swap_remove(0)
     }
 
     /// The source, when it is the whole text of the first buffer (one thread wrote it all).

@@ -402,7 +402,68 @@ fn two_threads_emit_the_same_source_on_large_functions() {
         let two = emit_with_threads(&p, &layout, 2);
         assert!(one.len() > 10 * n);
         assert_eq!(one, two.concat(), "{n} nodes, rename {rename}");
+        assert_eq!(one, two.into_string(), "{n} nodes, rename {rename}");
     }
+}
+
+/// `Source::into_string` joins the pieces in the first buffer: pieces of it that stay, move up
+/// over their old place, or come from other buffers; a piece that would have to move down
+/// falls back to a copy. Each way gives the joined text.
+#[test]
+fn a_source_joins_in_its_first_buffer() {
+    use crate::emit::Source;
+    type Pieces<'a> = &'a [(usize, std::ops::Range<usize>)];
+    let source = |buffers: &[&str], pieces: Pieces| Source {
+        buffers: buffers.iter().map(|b| b.to_string()).collect(),
+        pieces: pieces.to_vec(),
+    };
+    let cases: [(&[&str], Pieces, &str); 6] = [
+        (&[], &[], ""),
+        (&["abc"], &[(0, 0..3)], "abc"),
+        // Whole pieces in place, with text past the last piece dropped.
+        (&["abcdef"], &[(0, 0..2), (0, 2..4)], "abcd"),
+        // Interleaved chunks of two threads: the first buffer's move up, over themselves.
+        (
+            &["head|A1A1|A3|tail", "B2B2B2|B4"],
+            &[
+                (0, 0..5),
+                (0, 5..9),
+                (1, 0..6),
+                (0, 9..12),
+                (1, 6..9),
+                (0, 12..17),
+            ],
+            "head|A1A1B2B2B2|A3|B4|tail",
+        ),
+        // Pieces of the first buffer out of order: a copy.
+        (
+            &["abcd", "xy"],
+            &[(0, 2..4), (1, 0..2), (0, 0..2)],
+            "cdxyab",
+        ),
+        // A piece that would move down (text before it is in no piece): a copy.
+        (
+            &["--abcd", "xy"],
+            &[(0, 2..4), (1, 0..2), (0, 4..6)],
+            "abxycd",
+        ),
+    ];
+    for (buffers, pieces, want) in cases {
+        let s = source(buffers, pieces);
+        assert_eq!(s.concat(), want);
+        let joined = s.into_string();
+        assert_eq!(joined, want, "{buffers:?} {pieces:?}");
+    }
+    // The first buffer itself, grown in place when it has room.
+    let mut first = String::with_capacity(64);
+    first.push_str("ab");
+    let at = first.as_ptr();
+    let s = Source {
+        buffers: vec![first, "cd".to_string()],
+        pieces: vec![(0, 0..2), (1, 0..2)],
+    };
+    let joined = s.into_string();
+    assert_eq!((joined.as_str(), joined.as_ptr()), ("abcd", at));
 }
 
 /// A source one thread writes is the whole text of its first buffer: the one it was given
@@ -451,6 +512,7 @@ fn two_threads_emit_the_same_source() {
                 assert_eq!(one.contains("input_"), rename);
                 assert_eq!(one, two.concat(), "lead {lead}, rename {rename}");
                 assert_eq!(one.len(), two.len());
+                assert_eq!(one, two.into_string(), "lead {lead}, rename {rename}");
             }
         }
     }

@@ -31,9 +31,14 @@ static ALLOCATOR: alloc::Retaining = alloc::Retaining;
 
 /// Emits source for a program after checking it against `layout` (the pure-Rust entry point).
 pub fn codegen(p: &Program, layout: &Layout) -> Result<String> {
+    codegen_pieces(p, layout).map(emit::Source::into_string)
+}
+
+/// [`codegen`]'s source in the pieces the threads wrote, for a caller that copies it elsewhere.
+pub fn codegen_pieces(p: &Program, layout: &Layout) -> Result<emit::Source> {
     p.validate()?;
     emit::check_layout(p, layout)?;
-    Ok(emit::emit(p, layout))
+    Ok(emit::emit_with_threads(p, layout, emit::default_threads()))
 }
 
 #[cfg(feature = "python")]
@@ -499,24 +504,25 @@ mod core_ext {
     /// `data` is untrusted: any defect raises CodegenError.
     #[pyfunction]
     #[pyo3(signature = (data, style="native", fn_name="execution_fn"))]
-    fn emit(
-        py: Python<'_>,
+    fn emit<'py>(
+        py: Python<'py>,
         data: &[u8],
         style: &str,
         fn_name: &str,
-    ) -> PyResult<(String, Vec<String>)> {
+    ) -> PyResult<(Bound<'py, PyString>, Vec<String>)> {
         let layout = Layout {
             style: self::style(style)?,
             fn_name,
             with_submod: true,
             header: true,
         };
-        let result = py.detach(|| -> crate::Result<(String, Vec<String>)> {
+        // The node list is freed before the str is made, and the pieces go straight into it.
+        let (code, names) = py.detach(|| -> crate::Result<_> {
             let prog = serial::read(data)?;
-            let code = crate::codegen(&prog, &layout)?;
-            Ok((code, submod_names(&prog)))
-        });
-        Ok(result?)
+            Ok((crate::codegen_pieces(&prog, &layout)?, submod_names(&prog)))
+        })?;
+        let pieces: Vec<&str> = code.pieces().collect();
+        Ok((source_str(py, &pieces)?, names))
     }
 
     /// node_ref(arg, consts, const_index, style="vllm", resolver=None) -> str: one value as
