@@ -54,8 +54,8 @@ pub struct Cache {
     /// is at least [`MIN_BLOCK`] bytes as its owner knows it, so its dealloc comes back here.
     lent: [(usize, usize); SLOTS],
     n_lent: usize,
-    /// Other owners' blocks that Strings were made over ([`adopt`]): `(address, size)`.
-    foreign: [(usize, usize); FOREIGN],
+    /// Addresses of other owners' blocks that Strings were made over ([`adopt`]).
+    foreign: [usize; FOREIGN],
     n_foreign: usize,
     /// Bytes in `kept`.
     bytes: usize,
@@ -75,7 +75,7 @@ impl Cache {
             n_kept: 0,
             lent: [(0, 0); SLOTS],
             n_lent: 0,
-            foreign: [(0, 0); FOREIGN],
+            foreign: [0; FOREIGN],
             n_foreign: 0,
             bytes: 0,
         }
@@ -133,21 +133,19 @@ impl Cache {
             .map(|&(_, s)| s)
     }
 
-    /// Notes `size` bytes at `ptr` as another owner's; false when no note can be made.
-    pub fn adopt(&mut self, ptr: usize, size: usize) -> bool {
+    /// Notes the block at `ptr` as another owner's; false when no note can be made.
+    pub fn adopt(&mut self, ptr: usize) -> bool {
         if self.n_foreign == FOREIGN {
             return false;
         }
-        self.foreign[self.n_foreign] = (ptr, size);
+        self.foreign[self.n_foreign] = ptr;
         self.n_foreign += 1;
         true
     }
 
     /// Whether the block at `ptr` is another owner's.
     pub fn is_foreign(&self, ptr: usize) -> bool {
-        self.foreign[..self.n_foreign]
-            .iter()
-            .any(|&(p, _)| p == ptr)
+        self.foreign[..self.n_foreign].contains(&ptr)
     }
 
     /// Forgets the block at `ptr` if it is another owner's (its String is done with it), and
@@ -155,7 +153,7 @@ impl Cache {
     pub fn disown(&mut self, ptr: usize) -> bool {
         match self.foreign[..self.n_foreign]
             .iter()
-            .position(|&(p, _)| p == ptr)
+            .position(|&p| p == ptr)
         {
             Some(i) => {
                 self.n_foreign -= 1;
@@ -304,7 +302,7 @@ pub fn release() -> usize {
 /// The bytes are valid for writes, and used by nothing else, until the String is dropped or
 /// has moved out of them.
 pub unsafe fn adopt(ptr: *mut u8, cap: usize) -> Option<String> {
-    if cap < MIN_BLOCK || ptr.is_null() || !CACHE.with(|c| c.adopt(ptr as usize, cap)) {
+    if cap < MIN_BLOCK || ptr.is_null() || !CACHE.with(|c| c.adopt(ptr as usize)) {
         return None;
     }
     // SAFETY: the bytes are the caller's to lend. `from_raw_parts` asks for a block of the
@@ -523,13 +521,13 @@ mod tests {
     fn foreign_blocks_are_noted_up_to_the_slots_and_forgotten_once() {
         let mut c = Cache::new();
         for i in 0..FOREIGN {
-            assert!(c.adopt(0x1000 * (i + 1), K));
+            assert!(c.adopt(0x1000 * (i + 1)));
         }
-        assert!(!c.adopt(0x9_9000, K));
+        assert!(!c.adopt(0x9_9000));
         assert!(c.is_foreign(0x1000) && !c.is_foreign(0x9_9000));
         assert!(c.disown(0x1000));
         assert!(!c.disown(0x1000) && !c.is_foreign(0x1000));
-        assert!(c.adopt(0x9_9000, K));
+        assert!(c.adopt(0x9_9000));
         assert_eq!(c.bytes(), 0);
     }
 

@@ -150,7 +150,7 @@ pub struct Source {
 }
 
 impl Source {
-    pub fn pieces(&self) -> impl Iterator<Item = &str> {
+    pub fn pieces(&self) -> impl Iterator<Item = &str> + Clone {
         self.pieces
             .iter()
             .map(|(b, r)| &self.buffers[*b][r.clone()])

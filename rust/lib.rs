@@ -141,17 +141,11 @@ mod core_ext {
         write: impl FnOnce(&mut Fill),
         text: impl FnOnce() -> PyResult<String>,
     ) -> PyResult<Bound<'py, PyString>> {
-        // SAFETY: PyUnicode_New(n, 127) makes a compact ASCII string with an n-byte buffer,
-        // which only the fill writes (bounds-checked) before anything else can see the object;
-        // it is kept only if every byte was written, all ASCII, and is zeroed and dropped
-        // otherwise.
+        // SAFETY: only the fill writes the str's bytes (bounds-checked) before anything else
+        // can see the object; it is kept only if every byte was written, all ASCII, and is
+        // zeroed and dropped otherwise.
         unsafe {
-            let obj = pyo3::ffi::PyUnicode_New(len as pyo3::ffi::Py_ssize_t, 127);
-            if obj.is_null() {
-                return Err(PyErr::fetch(py));
-            }
-            let data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
-            let obj = Bound::from_owned_ptr(py, obj);
+            let (obj, data) = unfilled_ascii(py, len)?;
             let mut fill = Fill::raw(data, len);
             {
                 let _helper = prefault(data, len, helper);
@@ -165,16 +159,31 @@ mod core_ext {
         Ok(PyString::new(py, &text()?))
     }
 
+    /// A new compact ASCII str of `len` bytes, not yet written, and its data.
+    ///
+    /// # Safety
+    /// Nothing else may see the str until all `len` bytes are written, all ASCII.
+    #[inline(always)]
+    unsafe fn unfilled_ascii(py: Python<'_>, len: usize) -> PyResult<(Bound<'_, PyAny>, *mut u8)> {
+        // SAFETY: PyUnicode_New(n, 127) makes a compact ASCII string with an n-byte buffer.
+        unsafe {
+            let obj = pyo3::ffi::PyUnicode_New(len as pyo3::ffi::Py_ssize_t, 127);
+            if obj.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            let data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
+            Ok((Bound::from_owned_ptr(py, obj), data))
+        }
+    }
+
     /// The generated source (in pieces) as one Python str.
-    fn source_str<'py, S: AsRef<str>>(
+    fn source_str<'py, 's>(
         py: Python<'py>,
-        parts: &[S],
+        parts: impl Iterator<Item = &'s str> + Clone,
     ) -> PyResult<Bound<'py, PyString>> {
-        let len: usize = parts.iter().map(|s| s.as_ref().len()).sum();
-        let write = |w: &mut Fill| parts.iter().for_each(|s| w.put(s.as_ref().as_bytes()));
-        str_of(py, len, None, write, || {
-            Ok(parts.iter().map(AsRef::as_ref).collect())
-        })
+        let len: usize = parts.clone().map(str::len).sum();
+        let write = |w: &mut Fill| parts.clone().for_each(|s| w.put(s.as_bytes()));
+        str_of(py, len, None, write, || Ok(parts.clone().collect()))
     }
 
     /// A large source lands in fresh pages: a helper (`helper`, or one started for a source of
@@ -258,7 +267,7 @@ mod core_ext {
             for i in 0..n {
                 let obj = match objs.next() {
                     Some(Some(obj)) => obj,
-                    _ => source_str(py, &[p.submod_name(i as u32)])?.into_any(),
+                    _ => source_str(py, std::iter::once(p.submod_name(i as u32)))?.into_any(),
                 };
                 pyo3::ffi::PyList_SET_ITEM(
                     list.as_ptr(),
@@ -385,9 +394,7 @@ mod core_ext {
         if let Some(target) = target {
             return Ok((target.finish(py, code)?, names, out));
         }
-        let pieces: Vec<&str> = code.pieces().collect();
-        let source = source_str(py, &pieces)?;
-        drop(pieces);
+        let source = source_str(py, code.pieces())?;
         // The output buffers are kept for the next call (what this one freed before was
         // handed back, lowering its peak).
         let _keep = crate::alloc::Keep::new();
@@ -414,17 +421,9 @@ mod core_ext {
             if !TARGET_BYTES.contains(&cap) {
                 return Ok(None);
             }
-            // Made as `str_of` makes its str: a helper for both changed `str_of`'s profile and
-            // the layout `make pgo` gave, stitch 10k-100k 4-9% slower in A/Bs of both orders.
-            // SAFETY: PyUnicode_New(n, 127) makes a compact ASCII string with an n-byte
-            // buffer, which only the String adopted here writes until `finish`.
+            // SAFETY: only the String adopted here writes the str's bytes until `finish`.
             unsafe {
-                let obj = pyo3::ffi::PyUnicode_New(cap as pyo3::ffi::Py_ssize_t, 127);
-                if obj.is_null() {
-                    return Err(PyErr::fetch(py));
-                }
-                let data = pyo3::ffi::PyUnicode_1BYTE_DATA(obj);
-                let obj = Bound::from_owned_ptr(py, obj);
+                let (obj, data) = unfilled_ascii(py, cap)?;
                 Ok(crate::alloc::adopt(data, cap).map(|into| (into, Target { obj, data })))
             }
         }
@@ -441,9 +440,7 @@ mod core_ext {
                 .filter(|s| s.as_ptr() == self.data && s.is_ascii())
                 .map(str::len);
             let Some(len) = len else {
-                let pieces: Vec<&str> = code.pieces().collect();
-                let source = source_str(py, &pieces);
-                drop(pieces);
+                let source = source_str(py, code.pieces());
                 drop(code); // before the str its buffer may lie in
                 return source;
             };
@@ -521,8 +518,7 @@ mod core_ext {
             let prog = serial::read(data)?;
             Ok((crate::codegen_pieces(&prog, &layout)?, submod_names(&prog)))
         })?;
-        let pieces: Vec<&str> = code.pieces().collect();
-        Ok((source_str(py, &pieces)?, names))
+        Ok((source_str(py, code.pieces())?, names))
     }
 
     /// node_ref(arg, consts, const_index, style="vllm", resolver=None) -> str: one value as
