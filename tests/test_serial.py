@@ -278,6 +278,21 @@ def test_round_trip_gives_generate_code() -> None:
         check_safe(code)
 
 
+@pytest.mark.parametrize("shape", ["stitch", "inline"])
+def test_round_trip_of_large_graphs_gives_generate_code(shape: str) -> None:
+    # Large enough that `emit` writes on two threads, whose pieces go straight into its str,
+    # while `generate` takes other paths (a stitching root written as it is read; an inlined
+    # child of 10k nodes on one thread).
+    from fxcodegen.bench import workloads
+
+    gm = workloads.SHAPES[shape](10_000).gm
+    gen = fxcodegen.generate(gm)
+    code, names = fxcodegen.emit(fxcodegen.serialize(gm))
+    assert len(code) > 300_000
+    assert code == gen.code
+    assert names == gen.submod_names
+
+
 def test_small_input_is_valid_and_matches_encoder() -> None:
     out = try_emit(SMALL)
     assert out is not None
