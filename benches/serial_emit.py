@@ -14,8 +14,6 @@ before it starts). Linux only (``/proc/self/clear_refs``).
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import statistics
 import subprocess
@@ -23,22 +21,15 @@ import sys
 import time
 
 
-def _kb(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
-
-
 def child(shape: str, size: int, repeat: int) -> dict:
     import fxcodegen
     from fxcodegen.bench import workloads
+    from fxcodegen.bench.runner import _status_kb as _kb
+    from fxcodegen.bench.runner import _trim
 
     data = fxcodegen.serialize(workloads.SHAPES[shape](size).gm)
     fxcodegen.emit(fxcodegen.serialize(workloads.SHAPES[shape](16).gm))
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    _trim()  # gc.collect() and malloc_trim(0), as the bench's memory probe does
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = _kb("VmRSS")
