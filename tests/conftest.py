@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +31,15 @@ def fresh_python(
         text=True,
         check=check,
     )
+
+
+def host_details_in(text: str, *paths: str) -> list[str]:
+    """The details of this host that ``text`` gives away: ``paths``, the home and working
+    directories as substrings; the host name and this process's id as whole words (both are
+    short: a hex digest or another word may contain them by chance)."""
+    words = set(re.findall(r"[0-9A-Za-z_.-]+", text))
+    found = [p for p in (*paths, str(Path.home()), str(Path.cwd())) if p in text]
+    return found + [w for w in (socket.gethostname(), str(os.getpid())) if w in words]
 
 
 def run_in_threads(n: int, work: Callable[[int], None]) -> list[BaseException]:
