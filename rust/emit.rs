@@ -173,7 +173,7 @@ impl Source {
     /// The joined source, assembled in the first buffer rather than a new one: the first
     /// buffer's pieces move up to where they belong, last first, and the other buffers' are
     /// copied in between. That is [`Source::concat`]'s copying without its second block of the
-    /// source's size (fresh pages for all of it, at 1M nodes 50 MB: `benches/RESULTS.md`).
+    /// source's size (fresh pages for all of it, 55-83 MB at 1M nodes: `benches/RESULTS.md`).
     /// Falls back to `concat` if a piece of the first buffer would have to move down.
     pub fn into_string(mut self) -> String {
         let total = self.len();
