@@ -52,7 +52,8 @@ def child(shape: str, size: int, repeat: int) -> dict:
 
 
 def main() -> None:
-    sizes = {"1k": 1_000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000}
+    from fxcodegen.bench.cli import parse_sizes
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="stitch,inline")
     ap.add_argument("--sizes", default="100k,1M")
@@ -64,7 +65,7 @@ def main() -> None:
         print(json.dumps(child(args.child[0], int(args.child[1]), args.repeat)))
         return
     for shape in args.shape.split(","):
-        for size in (sizes.get(s) or int(s) for s in args.sizes.split(",")):
+        for size in parse_sizes([args.sizes]):
             rows = []
             for _ in range(args.processes):
                 cmd = [sys.executable, __file__, "--child", shape, str(size)]

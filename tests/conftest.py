@@ -35,11 +35,13 @@ def fresh_python(
 
 def host_details_in(text: str, *paths: str) -> list[str]:
     """The details of this host that ``text`` gives away: ``paths``, the home and working
-    directories as substrings; the host name and this process's id as whole words (both are
-    short: a hex digest or another word may contain them by chance)."""
-    words = set(re.findall(r"[0-9A-Za-z_.-]+", text))
-    found = [p for p in (*paths, str(Path.home()), str(Path.cwd())) if p in text]
-    return found + [w for w in (socket.gethostname(), str(os.getpid())) if w in words]
+    directories and the host name as substrings; this process's id as a whole number, not
+    next to a hex digit (a hex digest may contain its digits by chance)."""
+    found = [
+        p for p in (*paths, str(Path.home()), str(Path.cwd()), socket.gethostname()) if p in text
+    ]
+    pid = str(os.getpid())
+    return found + [pid] * bool(re.search(rf"(?<![0-9a-f]){pid}(?![0-9a-f])", text))
 
 
 def run_in_threads(n: int, work: Callable[[int], None]) -> list[BaseException]:
