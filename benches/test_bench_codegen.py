@@ -276,3 +276,26 @@ def test_plot_script(tmp_path: Any) -> None:
     png = tmp_path / "r.png"
     assert plot.main([str(data), "-o", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_alloc_trace_script() -> None:
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).with_name("alloc_trace.py")
+    cmd = [sys.executable, str(script), "stitch", "300"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    source = len(fxcodegen.generate(workloads.stitch(300).gm).code)
+    assert lines[0] == f"stitch 299 nodes: source {source:,} bytes"
+    # The node list is read by the core's reader, and freed by the end of the call.
+    made = [ln.split() for ln in lines[2:-1] if ln.split()[0] in ("m", "c")]
+    assert any(ln[3].startswith("extract::Extractor::graph") for ln in made), out.stdout
+    assert any(ln.split()[0] == "f" for ln in lines[2:-1])
+    top = max(int(ln.split()[2]) for ln in lines[2:-1])
+    assert (
+        lines[-1]
+        == f"at most {top} KiB over the start = {top * 1024 / source:.2f} times the source"
+    )
