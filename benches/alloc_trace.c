@@ -9,6 +9,7 @@
  * line per event: `op size new_size ptr result rss_pages addr...`.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <execinfo.h>
 #include <fcntl.h>
 #include <malloc.h>
@@ -58,10 +59,14 @@ static long rss_pages(void) {
     return resident - strtol(p, NULL, 10);
 }
 
+/* Threads allocate concurrently (the core's helper and emitter threads): slots are claimed
+ * atomically, so each record is written by one thread. */
 static void note(char op, size_t size, size_t new_size, void *ptr, void *result) {
-    if (!on || inside || n_events >= EVENTS) return;
+    if (!on || inside) return;
+    int i = __atomic_fetch_add(&n_events, 1, __ATOMIC_RELAXED);
+    if (i >= EVENTS) return;
     inside = 1;
-    struct event *e = &events[n_events++];
+    struct event *e = &events[i];
     e->op = op;
     e->size = size;
     e->new_size = new_size;
@@ -69,11 +74,13 @@ static void note(char op, size_t size, size_t new_size, void *ptr, void *result)
     e->result = result;
     e->rss = -1;
     e->trace = -1;
-    if ((size >= min_size || new_size >= min_size) && n_traces < TRACED) {
-        e->rss = rss_pages();
-        e->trace = n_traces;
-        depths[n_traces] = backtrace(traces[n_traces], DEPTH);
-        n_traces++;
+    if (size >= min_size || new_size >= min_size) {
+        int t = __atomic_fetch_add(&n_traces, 1, __ATOMIC_RELAXED);
+        if (t < TRACED) {
+            e->rss = rss_pages();
+            depths[t] = backtrace(traces[t], DEPTH);
+            e->trace = t;
+        }
     }
     inside = 0;
 }
@@ -99,7 +106,7 @@ void *realloc(void *p, size_t s) {
 
 int posix_memalign(void **out, size_t align, size_t s) {
     void *r = __libc_memalign(align, s);
-    if (!r) return 12; /* ENOMEM */
+    if (!r) return ENOMEM;
     *out = r;
     note('m', s, 0, NULL, r);
     return 0;
@@ -132,9 +139,10 @@ void fxc_trace_on(void) {
 
 int fxc_trace_off(const char *path) {
     on = 0;
+    int n = n_events < EVENTS ? n_events : EVENTS;
     FILE *f = fopen(path, "w");
     if (!f) return -1;
-    for (int i = 0; i < n_events; i++) {
+    for (int i = 0; i < n; i++) {
         struct event *e = &events[i];
         fprintf(f, "%c %zu %zu %p %p %ld", e->op, e->size, e->new_size, e->ptr, e->result, e->rss);
         if (e->trace >= 0)
@@ -142,5 +150,5 @@ int fxc_trace_off(const char *path) {
         fputc('\n', f);
     }
     fclose(f);
-    return n_events;
+    return n;
 }

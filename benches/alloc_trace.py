@@ -1,5 +1,6 @@
-"""Where one ``generate`` call's peak memory goes: every allocation of 2,000 bytes or more, with
-the RSS after it and the core function that made it.
+"""Where one ``generate`` call's peak memory goes: every allocation of 2,000 bytes or more
+(``FXC_TRACE_MIN`` sets another bound), with the RSS after it and the core function that made
+it.
 
     python benches/alloc_trace.py stitch 1k        # shape (stitch, inline, model) and size
 

@@ -299,3 +299,28 @@ def test_alloc_trace_script() -> None:
         lines[-1]
         == f"at most {top} KiB over the start = {top * 1024 / source:.2f} times the source"
     )
+
+
+def test_gc_cost_script(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).with_name("gc_cost.py")
+    spec = importlib.util.spec_from_file_location("bench_gc_cost", path)
+    assert spec is not None and spec.loader is not None
+    gc_cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc_cost)
+    argv = ["--shape", "stitch", "--sizes", "200", "--rounds", "2", "--flush-mib", "1"]
+    assert gc_cost.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "stitch 199 nodes, 2 rounds: median ns/node (faults)"
+    settings = [
+        "after the other",
+        "back to back",
+        "after the other + gc",
+        "after the other + 1 MiB",
+    ]
+    rows = [(impl, s) for impl in ("fxcodegen", "floor") for s in settings]
+    for line, (impl, setting) in zip(lines[1:], rows, strict=True):
+        assert line.split()[0] == impl and line[13:41].strip() == setting
+        assert float(line.split()[-2]) > 0
