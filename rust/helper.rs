@@ -13,7 +13,7 @@
 //!   without it.
 //! - **Names and last uses** ([`crate::stream`]), from copies the reader hands over in
 //!   batches, whose buffers come back for reuse; for a stitching root, its statements too,
-//!   from its nodes handed over in full. At most [`IN_FLIGHT`] batches are out at a time.
+//!   from its nodes handed over in full. At most [`in_flight`] batches are out at a time.
 //!
 //! Each side polls its channel for up to [`SPIN`] before blocking on it ([`poll`]): batches
 //! come every few hundred µs, so the helper keeps its core busy while a graph is read instead
@@ -94,6 +94,21 @@ pub fn helper_min_nodes() -> usize {
 /// waited more: stitch 1M took 0.602 of the floor against 0.559 with four (alternating runs).
 pub const IN_FLIGHT: usize = 4;
 
+/// Below this many nodes a graph has two batches out at most, not [`IN_FLIGHT`]: four of them
+/// were 40% of a 10k-node stitching graph's node list, at the call's peak. Two took stitch
+/// 10k from 2.85–3.36 to 2.81–2.84 times the source at peak, 20k from 2.67–2.81 to 2.63–2.65
+/// and 30k from 2.67–2.71 to 2.58–2.59, at the same speed (`benches/RESULTS.md`, twenty-eighth
+/// session).
+pub const SMALL_GRAPH_NODES: usize = 32_768;
+
+/// How many batches a graph of `size` nodes may have out at once.
+pub fn in_flight(size: usize) -> usize {
+    match size < SMALL_GRAPH_NODES {
+        true => 2,
+        false => IN_FLIGHT,
+    }
+}
+
 impl Helper {
     /// Starts the helper, or None where no thread can be started. With `streams` it also takes
     /// batches of nodes ([`Helper::send`]).
@@ -172,9 +187,9 @@ impl Helper {
     }
 
     /// An empty batch for `graph` (of `size` nodes): one handed back if any, waiting for one
-    /// while [`IN_FLIGHT`] are out.
+    /// while [`in_flight`] are out.
     pub fn batch(&self, graph: u32, size: usize) -> Batch {
-        let back = match self.out.get() >= IN_FLIGHT {
+        let back = match self.out.get() >= in_flight(size) {
             // A helper that is gone hands nothing back.
             true => self.spare.recv().ok(),
             false => self.spare.try_recv().ok(),

@@ -21,7 +21,7 @@ pub const BATCH: usize = 4096;
 
 /// How many nodes go at a time when they go in full ([`Full`]): a batch then holds about 100
 /// bytes a node on a stitching graph (the node, its arguments, its text), and up to
-/// [`crate::helper::IN_FLIGHT`] batches are out at once. Smaller batches hold less memory and
+/// [`crate::helper::in_flight`] batches are out at once. Smaller batches hold less memory and
 /// make the reader wait on the helper more: at stitch 100k, 1,024 nodes and two out peaked at
 /// 2.83 times the source, four out at 2.89, 4,096 nodes and four out at 3.08.
 pub const FULL_BATCH: usize = 1024;
