@@ -256,16 +256,22 @@ def test_graph_builder_matches_create_node() -> None:
     wl.gm.graph.lint()
 
 
-def test_plot_script(tmp_path: Any) -> None:
-    pytest.importorskip("matplotlib")
+def _script(name: str) -> Any:
+    """``benches/<name>.py`` loaded as a module."""
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).with_name("plot.py")
-    spec = importlib.util.spec_from_file_location("bench_plot", path)
+    path = pathlib.Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     assert spec is not None and spec.loader is not None
-    plot = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plot_script(tmp_path: Any) -> None:
+    pytest.importorskip("matplotlib")
+    plot = _script("plot")
     data = tmp_path / "r.json"
     rc = cli.main(
         ["--shape", "stitch", "--sizes", "20,40", "--repeat", "1", "--min-time", "0"]
@@ -302,14 +308,7 @@ def test_alloc_trace_script() -> None:
 
 
 def test_gc_cost_script(capsys: pytest.CaptureFixture[str]) -> None:
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).with_name("gc_cost.py")
-    spec = importlib.util.spec_from_file_location("bench_gc_cost", path)
-    assert spec is not None and spec.loader is not None
-    gc_cost = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gc_cost)
+    gc_cost = _script("gc_cost")
     argv = ["--shape", "stitch", "--sizes", "200", "--rounds", "2", "--flush-mib", "1"]
     assert gc_cost.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()

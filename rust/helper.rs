@@ -96,7 +96,7 @@ pub const IN_FLIGHT: usize = 4;
 
 /// Below this many nodes a graph has two batches out at most, not [`IN_FLIGHT`]: four of them
 /// were 40% of a 10k-node stitching graph's node list, at the call's peak. Two took stitch
-/// 10k from 2.85–3.36 to 2.81–2.84 times the source at peak, 20k from 2.67–2.81 to 2.63–2.65
+/// 10k from 2.84–3.36 to 2.80–2.95 times the source at peak, 20k from 2.67–2.81 to 2.63–2.65
 /// and 30k from 2.67–2.71 to 2.58–2.59, at the same speed (`benches/RESULTS.md`, twenty-eighth
 /// session).
 pub const SMALL_GRAPH_NODES: usize = 32_768;
