@@ -24,15 +24,12 @@ import time
 def child(shape: str, size: int, repeat: int) -> dict:
     import fxcodegen
     from fxcodegen.bench import workloads
+    from fxcodegen.bench.runner import _reset_peak
     from fxcodegen.bench.runner import _status_kb as _kb
-    from fxcodegen.bench.runner import _trim
 
     data = fxcodegen.serialize(workloads.SHAPES[shape](size).gm)
     fxcodegen.emit(fxcodegen.serialize(workloads.SHAPES[shape](16).gm))
-    _trim()  # gc.collect() and malloc_trim(0), as the bench's memory probe does
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = _kb("VmRSS")
+    before = _reset_peak()  # as the bench's memory probe starts
     times, peak, source = [], 0, 0
     for i in range(repeat):
         t = time.perf_counter()

@@ -184,6 +184,15 @@ def _trim() -> None:
         pass
 
 
+def _reset_peak() -> int:
+    """Hands freed memory back and resets the RSS high-water mark (``VmHWM``) to the RSS, which it
+    returns in KiB: what a call's peak extra memory is measured from."""
+    _trim()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    return _status_kb("VmRSS")
+
+
 def _build(shape: str, size: int) -> Workload:
     if shape == "model":
         return workloads.model(size)
@@ -194,10 +203,7 @@ def _memory_child(shape: str, size: int, impl: str) -> dict[str, Any]:
     fn = _FUNCS[impl]
     fn(_build(shape, 16).gm if shape != "model" else _build(shape, 1).gm)  # warm caches
     wl = _build(shape, size)
-    _trim()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current RSS
-    before = _status_kb("VmRSS")
+    before = _reset_peak()
     result = fn(wl.gm)
     peak = _status_kb("VmHWM")
     code = result[0] if isinstance(result, tuple) else None
