@@ -2,8 +2,10 @@
 //! in-memory node list (target: >= 20 M nodes/s), both as one `String` (`emit`) and as the
 //! pieces of the threads' buffers that `generate` copies into its `str` (`emit_pieces`), the
 //! same two on memory kept from the previous call (`*_resident`), of
-//! `codegen` (validate + layout check + emit), and of the serialized path (`serial::read` +
-//! `codegen`, what `fxcodegen.emit` runs).
+//! `codegen` (validate + layout check + emit), of the serialized path (`serial::read` +
+//! `codegen`, what `fxcodegen.emit` runs), and of the two passes over the largest function's nodes
+//! that come before its statements, each alone on one thread and resident memory (`names`:
+//! `names::assign_large`; `liveness`: `liveness::compute`).
 //!
 //!     cargo bench --bench emit --no-default-features
 //!     cargo bench --bench emit --no-default-features -- --test     # smoke: each bench once
@@ -17,7 +19,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fxcodegen::emit::{default_threads, emit, emit_with_threads, Layout};
 use fxcodegen::ir::{Arg, Op, Program, SubmodKind, Target};
-use fxcodegen::{alloc, codegen, serial};
+use fxcodegen::{alloc, codegen, liveness, names, serial};
 
 const SIZES: [usize; 4] = [1_000, 10_000, 100_000, 1_000_000];
 
@@ -179,6 +181,22 @@ fn bench_shape(c: &mut Criterion, shape: &str, make: fn(usize) -> (Program, usiz
             &p,
             |b, p| b.iter(|| emit_with_threads(black_box(p), &layout, threads)),
         );
+        // The largest function's names and last uses, which its statements wait for (above
+        // 2^19 nodes the two are worked out side by side: the slower is on the critical path).
+        let reserved = layout.reserved();
+        let g = p
+            .graphs
+            .iter()
+            .max_by_key(|g| g.nodes.len())
+            .expect("a graph");
+        group.throughput(Throughput::Elements(g.nodes.len() as u64));
+        group.bench_with_input(BenchmarkId::new("names", nodes), &p, |b, p| {
+            b.iter(|| names::assign_large(black_box(p), g, &reserved).all_own())
+        });
+        group.bench_with_input(BenchmarkId::new("liveness", nodes), &p, |b, p| {
+            b.iter(|| liveness::compute(black_box(p), g))
+        });
+        group.throughput(Throughput::Elements(nodes as u64));
         drop(keep);
         alloc::set_limit(alloc::DEFAULT_LIMIT);
         alloc::release();

@@ -32,7 +32,7 @@ pub const SLOTS: usize = 48;
 /// ask for the same sizes again, so a tight fit leaves each block to the request it served
 /// before. With up to twice the request, stitch 1M's text (24 MB) took the statements' block
 /// (48 MB), which then came fresh from the system: 3.5k page faults more per call (270 more
-/// at 100k; `benches/RESULTS.md`, twenty-second session).
+/// at 100k; `benches/LOG.md`, twenty-second session).
 pub const SLACK: usize = 8;
 
 /// How many blocks of other owners [`adopt`] may note at once (one per call in progress).

@@ -60,7 +60,8 @@ impl<'a> Layout<'a> {
         }
     }
 
-    fn reserved(&self) -> Reserved<'a> {
+    /// The names a generated identifier must avoid under this layout.
+    pub fn reserved(&self) -> Reserved<'a> {
         Reserved {
             prefix: self.style.prefix(),
             fn_name: self.fn_name,
@@ -120,7 +121,7 @@ pub const PARALLEL_MIN_NODES: usize = 4_096;
 /// touched yet: below about this many nodes it saves little, and it raises the peak (inline
 /// 10k: 2.83 times the source at peak with one thread, 3.13 with two; level in repeated calls,
 /// 3-4% slower in one process's alternating calls, 6% in a fresh process's first call; level
-/// at 16k; two threads faster at 24k: `benches/RESULTS.md`, eighteenth session).
+/// at 16k; two threads faster at 24k: `benches/LOG.md`, eighteenth session).
 pub const ONCE_PARALLEL_MIN_NODES: usize = 1 << 14;
 
 /// Threads the emitter may use: 2 where the machine has them, 1 with `FXCODEGEN_THREADS=1`.
@@ -173,7 +174,7 @@ impl Source {
     /// The joined source, assembled in the first buffer rather than a new one: the first
     /// buffer's pieces move up to where they belong, last first, and the other buffers' are
     /// copied in between. That is [`Source::concat`]'s copying without its second block of the
-    /// source's size (fresh pages for all of it, 55-83 MB at 1M nodes: `benches/RESULTS.md`).
+    /// source's size (55-83 MB of fresh pages at 1M nodes; `benches/LOG.md`, 27th session).
     /// Falls back to `concat` if a piece of the first buffer would have to move down.
     pub fn into_string(mut self) -> String {
         let total = self.len();
@@ -701,7 +702,7 @@ fn side_by_side<'p>(p: &'p Program, g: &Graph, reserved: &Reserved) -> (Names<'p
         let other = thread::Builder::new()
             .spawn_scoped(s, || liveness::compute(p, g))
             .ok();
-        let names = names::assign(p, g, reserved);
+        let names = names::assign_large(p, g, reserved);
         let live = match other {
             Some(h) => h.join().unwrap_or_else(|e| panic::resume_unwind(e)),
             None => liveness::compute(p, g),
@@ -869,7 +870,7 @@ impl<'a> Emitter<'a> {
                 (names, Arc::new(live), None)
             }
             None => (
-                names::assign(p, g, reserved),
+                names::assign_large(p, g, reserved),
                 Arc::new(liveness::compute(p, g)),
                 None,
             ),
@@ -946,7 +947,7 @@ impl<'a> Emitter<'a> {
                 Emitter::new(p, layout, g.nodes.len() * per_node)
                     .into_chunks(g, &own, &live, &starts, next, stop)
             });
-            let names = names::assign(p, g, reserved);
+            let names = names::assign_large(p, g, reserved);
             let Ok(other) = other else {
                 // A thread that cannot be started means doing its part here.
                 return (names, Arc::new(liveness::compute(p, g)), None);

@@ -73,7 +73,7 @@ pub struct Helper {
 /// against 0.63-0.67; at 50k and 100k about level; at 200k and 400k 0.77-0.90 against
 /// 0.70-0.76. At 600k and 1M it pays: there most of the node list and the emitter's buffers
 /// come from fresh pages on every call, which the helper populates while the graph is read
-/// (`benches/RESULTS.md`, seventeenth session).
+/// (`benches/LOG.md`, seventeenth session).
 /// (Reading stays on one thread either way; `generate`'s emitter still uses two from
 /// [`crate::emit::ONCE_PARALLEL_MIN_NODES`] nodes.)
 pub const HELPER_MIN_NODES: usize = 1 << 19;
@@ -97,7 +97,7 @@ pub const IN_FLIGHT: usize = 4;
 /// Below this many nodes a graph has two batches out at most, not [`IN_FLIGHT`]: four of them
 /// were 40% of a 10k-node stitching graph's node list, at the call's peak. Two took stitch
 /// 10k from 2.84–3.36 to 2.80–2.95 times the source at peak, 20k from 2.67–2.81 to 2.63–2.65
-/// and 30k from 2.67–2.71 to 2.58–2.59, at the same speed (`benches/RESULTS.md`, twenty-eighth
+/// and 30k from 2.67–2.71 to 2.58–2.59, at the same speed (`benches/LOG.md`, twenty-eighth
 /// session).
 pub const SMALL_GRAPH_NODES: usize = 32_768;
 

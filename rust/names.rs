@@ -695,7 +695,89 @@ impl Assigner {
     }
 }
 
-/// Assigns every node of `g` a unique identifier (see [`Assigner::add`]).
+/// Functions of this many nodes or more are first checked for names that all stay as they are
+/// ([`own_names`]) before [`assign`] claims them one by one ([`assign_large`]).
+pub const BUCKETED_MIN_NODES: usize = 1 << 15;
+
+/// [`Names::own`] when every node of `g` keeps its own name under [`assign`] (each is an
+/// identifier, not reserved, and no two are equal), else None. Where `assign`'s uniqueness
+/// table is read at random (and outgrows the caches on large graphs), this reads and writes
+/// memory in order: the names' hashes are bucketed by their top bits, then each bucket is
+/// searched for a repeat in a table small enough for the caches. A repeated hash answers None
+/// (equal names, or a 64-bit collision of different ones, which `assign` then tells apart).
+pub fn own_names<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Option<Names<'a>> {
+    let n = g.nodes.len();
+    // About 2,048 hashes (16 KiB) a bucket, searched in a table of at least twice as many slots.
+    let bits = (n / 2048).max(2).next_power_of_two().trailing_zeros();
+    let bucket = |h: u64| (h >> (64 - bits)) as usize;
+    let mut hashes = Vec::with_capacity(n);
+    let mut spans = vec![(0, 0); n];
+    let mut starts = vec![0usize; (1 << bits) + 1];
+    for (node, span) in g.nodes.iter().zip(&mut spans) {
+        let raw = p.str(node.name);
+        let h = hash_bytes(raw.as_bytes());
+        if !is_identifier_at(p.text.as_bytes(), node.name.start as usize, raw.len())
+            || raw.len() >= EXTRA as usize
+            || reserved.is_reserved_h(h, raw)
+        {
+            return None;
+        }
+        starts[bucket(h) + 1] += 1;
+        hashes.push(h);
+        *span = (node.name.start, node.name.len);
+    }
+    let largest = starts.iter().copied().max().unwrap_or(0);
+    for b in 1..starts.len() {
+        starts[b] += starts[b - 1];
+    }
+    // Placing bucket `b`'s hashes moves `starts[b]` to where they end, which is where bucket
+    // `b + 1` begins.
+    let mut sorted = vec![0u64; n];
+    for &h in &hashes {
+        let b = bucket(h);
+        sorted[starts[b]] = h;
+        starts[b] += 1;
+    }
+    drop(hashes);
+    // Slot `i` holds a hash of the bucket `stamp[i] - 1` (none if 0): a stale slot from an
+    // earlier bucket is empty for this one, so the table is never cleared.
+    let size = (2 * largest).max(8).next_power_of_two();
+    let (mut slots, mut stamp) = (vec![0u64; size], vec![0u64; size]);
+    let mut begin = 0;
+    for (b, &end) in starts[..1 << bits].iter().enumerate() {
+        let now = b as u64 + 1;
+        for &h in &sorted[begin..end] {
+            let mut i = h as usize & (size - 1);
+            while stamp[i] == now {
+                if slots[i] == h {
+                    return None;
+                }
+                i = (i + 1) & (size - 1);
+            }
+            (slots[i], stamp[i]) = (h, now);
+        }
+        begin = end;
+    }
+    let parts = NameParts {
+        extra: String::new(),
+        spans,
+    };
+    Some(parts.over(&p.text))
+}
+
+/// [`assign`], from [`BUCKETED_MIN_NODES`] nodes by [`own_names`] where every node keeps its
+/// own name.
+pub fn assign_large<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
+    if g.nodes.len() >= BUCKETED_MIN_NODES {
+        if let Some(names) = own_names(p, g, reserved) {
+            return names;
+        }
+    }
+    assign(p, g, reserved)
+}
+
+/// Assigns every node of `g` a unique identifier (see [`Assigner::add`]), claiming the names
+/// one by one in the uniqueness table.
 pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
     /// How far ahead the uniqueness table's slots are prefetched.
     const AHEAD: usize = 8;
@@ -824,6 +906,52 @@ mod tests {
         let mut v = BUILTINS.to_vec();
         v.sort_unstable();
         assert_eq!(v, BUILTINS);
+    }
+
+    /// `own_names` answers exactly when claiming the names one by one keeps every node's own
+    /// name, with the same spans: on graphs of unique names, and with one repeat, reserved
+    /// name or non-identifier placed first, in the middle or last.
+    #[test]
+    fn own_names_agrees_with_claiming_each() {
+        use crate::ir::{Op, Program, Target};
+        let r = Reserved {
+            prefix: "__fx_",
+            fn_name: "f",
+        };
+        let n = 40_000;
+        for (bad, at) in [
+            (None, 0),
+            (Some("v_17"), 0),
+            (Some("v_17"), n / 2),
+            (Some("v_0"), n - 1),
+            (Some("len"), n / 3),
+            (Some("__fx_c0"), n - 1),
+            (Some("f"), 5),
+            (Some("1x"), n / 2),
+            (Some("a.b"), 0),
+        ] {
+            let mut p = Program::default();
+            let g = p.add_graph();
+            for i in 0..n {
+                let name = match bad {
+                    Some(b) if i == at => b.to_string(),
+                    _ => format!("v_{i}"),
+                };
+                let t = p.push_str(&name);
+                p.add_node(g, Op::Placeholder, &name, Target::Param(t), &[], &[]);
+            }
+            let g = &p.graphs[0];
+            let each = assign(&p, g, &r);
+            let own = own_names(&p, g, &r);
+            assert_eq!(own.is_some(), each.all_own(), "{bad:?} at {at}");
+            let got = assign_large(&p, g, &r);
+            for i in 0..n as u32 {
+                assert_eq!(got.get(i), each.get(i));
+                if let Some(own) = &own {
+                    assert_eq!(own.get(i), each.get(i));
+                }
+            }
+        }
     }
 
     #[test]
