@@ -34,7 +34,7 @@ install: $(VENV)/.deps ## create .venv, install torch and dev tools, build the e
 	$(if $(PGO_USE),RUSTFLAGS="$(strip $(RUSTFLAGS) $(PGO_USE))") $(BIN)/maturin develop --release --quiet
 
 .PHONY: pgo
-pgo: $(VENV)/.deps ## rebuild the PGO profile: instrumented build, training run, merge (llvm-profdata 19+)
+pgo: $(VENV)/.deps ## rebuild the PGO profile (llvm-profdata 19+); remakes vary by 5-8%: A/B it first
 	rm -rf target/pgo
 	RUSTFLAGS="-Cprofile-generate=$(abspath target/pgo/raw)" CARGO_TARGET_DIR=target/pgo/build \
 		$(BIN)/maturin build --release --quiet -o target/pgo/wheel
