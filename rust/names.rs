@@ -716,6 +716,9 @@ pub fn own_names<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Option<N
     for (node, span) in g.nodes.iter().zip(&mut spans) {
         let raw = p.str(node.name);
         let h = hash_bytes(raw.as_bytes());
+        // `Assigner::add`'s test for keeping a name, negated; the two must agree. (Written out
+        // rather than shared: a shared function changes `add`'s control flow, and with it the
+        // hash that its counts in the PGO profile are keyed to.)
         if !is_identifier_at(p.text.as_bytes(), node.name.start as usize, raw.len())
             || raw.len() >= EXTRA as usize
             || reserved.is_reserved_h(h, raw)
