@@ -211,6 +211,21 @@ def test_measure_adds_rounds_until_min_time() -> None:
     assert calls.count("a") == calls.count("b") == 10
 
 
+def test_run_shape_times_torch_fx_after_the_others() -> None:
+    calls: list[str] = []
+
+    def rec(name: str) -> Any:
+        return lambda g: calls.append(name)
+
+    impls = {name: rec(name) for name in ("torch.fx", "floor", "fxcodegen")}
+    row = runner.run_shape("stitch", 30, impls, 3, memory=False, compile_repeat=1)
+    timed = calls[len(impls) :]  # after one warm-up call each
+    # The others alternate, three rounds; torch.fx's three runs come after all of theirs.
+    assert timed[:6].count("floor") == timed[:6].count("fxcodegen") == 3
+    assert timed[6:] == ["torch.fx"] * 3
+    assert row.runs == {"floor": 3, "fxcodegen": 3, "torch.fx": 3}
+
+
 def test_measure_counts_the_pages_a_run_faults_in() -> None:
     gm = workloads.stitch(4).gm
     pages = 256
