@@ -8,7 +8,8 @@ Examples::
     python -m fxcodegen bench --json benches/results.json      # also write the table as JSON
 
 Times are medians of at least ``--repeat`` interleaved runs (more on small graphs, see
-``--min-time``), in ns per node (nodes of the stitching graph plus those of inlined children).
+``--min-time``), in ns per node (nodes of the stitching graph plus those of inlined children);
+torch.fx is timed in rounds of its own after the others' (see :mod:`fxcodegen.bench.runner`).
 Ratios compare implementations measured in the same process.
 """
 
