@@ -689,7 +689,7 @@ fn is_call(op: Op) -> bool {
 /// The node whose item `node` takes, when it is a plain `v[i]` of a node (what a call before
 /// it may fuse with).
 fn item_of(p: &Program, node: &Node) -> Option<u32> {
-    match (node.op, node.target, node.args.len, node.kwargs.len) {
+    match (node.op, node.target, node.args.len, node.n_kwargs) {
         (Op::CallFunction, Target::Getitem, 2, 0) => p.args[node.args.start as usize].node(),
         _ => None,
     }
@@ -1173,11 +1173,11 @@ impl<'a> Emitter<'a> {
                         Some(g)
                     }
                 };
-                self.call_args(node.args, node.kwargs, callee, names);
+                self.call_args(node.args, node.kwargs(), callee, names);
             }
             (Op::CallFunction, Target::Getitem)
                 if node.args.len == 2
-                    && node.kwargs.len == 0
+                    && node.n_kwargs == 0
                     // `None[0]`, `True[0]`, `1[0]` compile with a SyntaxWarning: call instead.
                     && !matches!(
                         p.arg(node.args.start as usize),
@@ -1204,7 +1204,7 @@ impl<'a> Emitter<'a> {
                     Target::Const(k) => self.const_ref(k),
                     _ => self.out.put("operator.getitem"),
                 }
-                self.call_args(node.args, node.kwargs, None, names);
+                self.call_args(node.args, node.kwargs(), None, names);
             }
             (Op::CallMethod, Target::Method(m)) => {
                 self.out.room(18 + 1 + 32);
@@ -1218,7 +1218,7 @@ impl<'a> Emitter<'a> {
                     start: node.args.start + 1,
                     len: node.args.len - 1,
                 };
-                self.call_args(rest, node.kwargs, None, names);
+                self.call_args(rest, node.kwargs(), None, names);
             }
             // Unreachable for validated programs; keep the output well-formed regardless.
             _ => self.out.put("None"),

@@ -670,10 +670,16 @@ fn written_in_batches(p: &Program, layout: &Layout, batch: usize) -> String {
         };
         let nodes: Vec<Node> = chunk
             .iter()
-            .map(|n| Node {
-                args: copy_args(p, &mut b, n.args),
-                kwargs: copy_args(p, &mut b, n.kwargs),
-                ..*n
+            .map(|n| {
+                let all = Span {
+                    start: n.args.start,
+                    len: n.args.len + n.kwargs().len,
+                };
+                let start = copy_args(p, &mut b, all).start;
+                Node {
+                    args: Span { start, ..n.args },
+                    ..*n
+                }
             })
             .collect();
         body.write(&b, layout, &names, &nodes, (k * batch) as u32);

@@ -10,7 +10,9 @@ use rustc_hash::FxHashMap;
 use crate::emit::{default_threads, Layout, Style, PARALLEL_MIN_NODES};
 use crate::error::Error;
 use crate::helper::{helper_min_nodes, Ahead, Helper};
-use crate::ir::{Arg, Graph, Node, Op, Program, Slot, Span, Submod, SubmodKind, Target, MAX_DEPTH};
+use crate::ir::{
+    Arg, Graph, Node, Op, Program, Slot, Span, Submod, SubmodKind, Target, MAX_DEPTH, MAX_KWARGS,
+};
 use crate::names::{self, hash_bytes};
 use crate::stream::{Batch, Full, Streamed, Streams, BATCH, FULL_BATCH};
 use crate::table::{AddrTable, Table};
@@ -603,7 +605,7 @@ pub struct Extractor<'py> {
     /// `_modules` ([`Children::next_if`]), as in split graphs: no name can repeat then, and
     /// the table is made only when one does not come that way.
     submods: Option<Table<u32>>,
-    /// Keyword keys' text spans, packed, by str object (held).
+    /// Keyword keys' text spans, packed, by str object (held); emptied with the wide table.
     key_spans: FxHashMap<usize, (Slot, Bound<'py, PyAny>)>,
     /// Whether a child of this type is a plain GraphModule (inlined), by type pointer.
     inline_types: FxHashMap<usize, bool>,
@@ -845,6 +847,7 @@ impl<'py> Extractor<'py> {
         };
         // Generous: untouched capacity costs address space, not memory; regrowing copies.
         self.prog.args.reserve(per_batch * 8);
+        self.prog.wide.reserve(per_batch);
         self.prog.text.reserve(n_nodes * 24);
         if depth == 0 {
             // Split graphs call a child every other node or so; growing the lists from
@@ -911,17 +914,30 @@ impl<'py> Extractor<'py> {
             // SAFETY: no Python code runs while the argument objects are walked (`arg` calls
             // only C functions of exact builtin types), so the borrowed pointers stay valid.
             self.refs.clear();
-            let (args, kwargs) = unsafe {
+            let (args, n_kwargs) = unsafe {
                 if ffi::PyTuple_Check(args_obj) == 0 {
                     return Err(node_error(&node, "args is not a tuple"));
                 }
                 if ffi::PyDict_Check(kwargs_obj) == 0 {
                     return Err(node_error(&node, "kwargs is not a dict"));
                 }
-                let n = ffi::PyTuple_GET_SIZE(args_obj);
-                let args = self.items(n, |k| ffi::PyTuple_GET_ITEM(args_obj, k), &ctx, 0)?;
-                let kwargs = self.kwargs(kwargs_obj, &ctx)?;
-                (args, kwargs)
+                let n = ffi::PyTuple_GET_SIZE(args_obj) as usize;
+                let n_kw = ffi::PyDict_Size(kwargs_obj) as usize;
+                if n_kw > MAX_KWARGS {
+                    return Err(node_error(
+                        &node,
+                        format!("more than {MAX_KWARGS} keyword arguments"),
+                    ));
+                }
+                // The keyword arguments' slots follow the positional ones' (`Node::kwargs`).
+                let all = self.prog.reserve_args(n + 2 * n_kw);
+                let args = Span {
+                    start: all.start,
+                    len: n as u32,
+                };
+                self.fill(args, |k| ffi::PyTuple_GET_ITEM(args_obj, k), &ctx, 0)?;
+                self.kwargs(kwargs_obj, all.start as usize + n, n_kw, &ctx)?;
+                (args, n_kw as u16)
             };
             index.insert(node.as_ptr() as usize, base + nodes.len() as u32);
             nodes.push(Node {
@@ -929,7 +945,7 @@ impl<'py> Extractor<'py> {
                 name,
                 target,
                 args,
-                kwargs,
+                n_kwargs,
             });
             // (The helper finds what it needs of a node handed over in full in the node.)
             if let (Some(b), Some(h), false) = (&mut batch, &self.helper, full) {
@@ -990,6 +1006,9 @@ impl<'py> Extractor<'py> {
         *sent = (p.text.len(), p.blobs.len());
         nodes.reserve(FULL_BATCH);
         p.args.reserve(FULL_BATCH * 8);
+        p.wide.reserve(FULL_BATCH);
+        // The keys' slots index the wide table just handed over.
+        self.key_spans.clear();
         let count = f.nodes.len() as u32;
         let mut done = std::mem::replace(b, next);
         done.full = Some(f);
@@ -1105,13 +1124,19 @@ impl<'py> Extractor<'py> {
         )))
     }
 
-    /// A node's kwargs: `key, value` pairs in [`Program::args`].
+    /// A node's kwargs, `n` of them: `key, value` pairs into the slots of [`Program::args`]
+    /// reserved from `start` on.
     ///
     /// # Safety
-    /// `kw` must be a live dict (or subclass) that no Python code mutates during the call.
-    unsafe fn kwargs(&mut self, kw: *mut ffi::PyObject, ctx: &NodeCtx<'_, 'py>) -> PyResult<Span> {
-        let n = ffi::PyDict_Size(kw) as usize;
-        let span = self.prog.reserve_args(2 * n);
+    /// `kw` must be a live dict (or subclass) of `n` items that no Python code mutates during
+    /// the call.
+    unsafe fn kwargs(
+        &mut self,
+        kw: *mut ffi::PyObject,
+        start: usize,
+        n: usize,
+        ctx: &NodeCtx<'_, 'py>,
+    ) -> PyResult<()> {
         let (mut pos, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
         let mut k = 0;
         while k < n && ffi::PyDict_Next(kw, &mut pos, &mut key, &mut value) != 0 {
@@ -1139,11 +1164,11 @@ impl<'py> Extractor<'py> {
                 }
             };
             let v = self.value(value, ctx, 0)?;
-            self.prog.args[span.start as usize + 2 * k] = key_slot;
-            self.prog.args[span.start as usize + 2 * k + 1] = v;
+            self.prog.args[start + 2 * k] = key_slot;
+            self.prog.args[start + 2 * k + 1] = v;
             k += 1;
         }
-        Ok(span)
+        Ok(())
     }
 
     /// The child module at dotted path `path` of `gm`: `gm._modules[path]` for a plain name
@@ -1477,11 +1502,27 @@ impl<'py> Extractor<'py> {
         depth: usize,
     ) -> PyResult<Span> {
         let span = self.prog.reserve_args(n as usize);
-        for k in 0..n {
-            let v = self.value(item(k), ctx, depth)?;
-            self.prog.args[span.start as usize + k as usize] = v;
-        }
+        self.fill(span, item, ctx, depth)?;
         Ok(span)
+    }
+
+    /// Fills the reserved slots of `span` with `item(0)`, `item(1)`, ...
+    ///
+    /// # Safety
+    /// As for [`Extractor::items`].
+    #[inline(always)]
+    unsafe fn fill(
+        &mut self,
+        span: Span,
+        item: impl Fn(ffi::Py_ssize_t) -> *mut ffi::PyObject,
+        ctx: &NodeCtx<'_, 'py>,
+        depth: usize,
+    ) -> PyResult<()> {
+        for k in 0..span.len as usize {
+            let v = self.value(item(k as ffi::Py_ssize_t), ctx, depth)?;
+            self.prog.args[span.start as usize + k] = v;
+        }
+        Ok(())
     }
 
     /// One argument value. The common kinds (a node read before, a float, an int) are settled

@@ -44,7 +44,7 @@ pub fn compute(p: &Program, g: &Graph) -> Liveness {
     for (j, node) in g.nodes.iter().enumerate() {
         b.begin(j as u32, node.op == Op::Output);
         p.for_each_ref(node.args, &mut |i| b.mark(i));
-        p.for_each_ref(node.kwargs, &mut |i| b.mark(i));
+        p.for_each_ref(node.kwargs(), &mut |i| b.mark(i));
     }
     b.finish()
 }

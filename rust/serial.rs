@@ -25,7 +25,9 @@
 //! either becomes a program the emitter can write safely or a [`Error::Serial`]/[`Error::Node`].
 
 use crate::error::{Error, Result};
-use crate::ir::{Arg, Graph, Node, Op, Program, Span, Submod, SubmodKind, Target, MAX_DEPTH};
+use crate::ir::{
+    Arg, Graph, Node, Op, Program, Span, Submod, SubmodKind, Target, MAX_DEPTH, MAX_KWARGS,
+};
 
 pub const MAGIC: &[u8; 4] = b"FXCG";
 pub const VERSION: u8 = 1;
@@ -172,8 +174,8 @@ pub fn write(p: &Program) -> Vec<u8> {
                 Target::Submod(_) | Target::None => {}
             }
             w.args(n.args);
-            w.varint(n.kwargs.len as u64 / 2);
-            for k in n.kwargs.range() {
+            w.varint(n.n_kwargs as u64);
+            for k in n.kwargs().range() {
                 w.arg(p.arg(k));
             }
         }
@@ -381,6 +383,8 @@ pub fn read(data: &[u8]) -> Result<Program> {
             "submodule inlines graph {g}, beyond the {n_graphs} graphs"
         ));
     }
+    // A node's arguments, positional then keyword, before they are stored.
+    let mut top: Vec<Arg> = Vec::new();
     for _ in 0..n_graphs {
         let n_nodes = r.count(4)?;
         let mut nodes = Vec::with_capacity(n_nodes);
@@ -412,11 +416,22 @@ pub fn read(data: &[u8]) -> Result<Program> {
                 node: j as u32,
                 n_consts,
             };
+            // Read first, stored after: the keyword arguments' slots must follow the positional
+            // ones' (`Node::kwargs`), and containers take slots as they are read.
+            top.clear();
             let n_args = r.count(1)?;
-            let args = r.args(n_args, &ctx, 0)?;
+            for _ in 0..n_args {
+                top.push(r.arg(&ctx, 0)?);
+            }
+            let at = r.pos;
             let n_kw = r.count(2)?;
-            let kwargs = r.p.reserve_args(2 * n_kw);
-            for k in 0..n_kw {
+            if n_kw > MAX_KWARGS {
+                return Err(Error::Serial {
+                    offset: at,
+                    reason: format!("more than {MAX_KWARGS} keyword arguments"),
+                });
+            }
+            for _ in 0..n_kw {
                 let at = r.pos;
                 let key = r.arg(&ctx, 0)?;
                 if !matches!(key, Arg::Str(_) | Arg::Const(_)) {
@@ -425,17 +440,19 @@ pub fn read(data: &[u8]) -> Result<Program> {
                         reason: "a keyword key must be a str or a constant".into(),
                     });
                 }
-                let v = r.arg(&ctx, 0)?;
-                let slot = kwargs.start as usize + 2 * k;
-                r.p.set_arg(slot, key);
-                r.p.set_arg(slot + 1, v);
+                top.push(key);
+                top.push(r.arg(&ctx, 0)?);
             }
+            let all = r.p.push_args(&top);
             nodes.push(Node {
                 op,
                 name,
                 target,
-                args,
-                kwargs,
+                args: Span {
+                    start: all.start,
+                    len: n_args as u32,
+                },
+                n_kwargs: n_kw as u16,
             });
         }
         r.p.graphs.push(Graph { nodes });
