@@ -618,7 +618,7 @@ impl Program {
         for (j, node) in g.nodes.iter().enumerate() {
             self.validate_args(node, node.args, j as u32, &g.nodes, 0)?;
             for k in node.kwargs().range().step_by(2) {
-                match self.arg(k as usize) {
+                match self.arg(k) {
                     Arg::Str(s) => check_span(self, s)?,
                     Arg::Const(c) if c < self.n_consts => {}
                     _ => {
