@@ -616,7 +616,7 @@ impl Body {
     /// Whether node `j` is a call written together with the getitem of it right after it.
     fn fuses(&self, j: usize, live: &Liveness) -> bool {
         self.kinds[j] & kind::CALL != 0
-            && live.uses[j] == 1
+            && live.once(j)
             && self
                 .kinds
                 .get(j + 1)
@@ -678,7 +678,7 @@ pub fn format_arg(p: &Program, arg: Arg, names: &Names, style: Style) -> String 
 fn fuses(p: &Program, style: Style, g: &Graph, live: &Liveness, j: usize) -> bool {
     style == Style::Native
         && is_call(g.nodes[j].op)
-        && live.uses[j] == 1
+        && live.once(j)
         && g.nodes.get(j + 1).and_then(|next| item_of(p, next)) == Some(j as u32)
 }
 
@@ -696,7 +696,7 @@ fn item_of(p: &Program, node: &Node) -> Option<u32> {
 }
 
 /// Names and last uses of `g`, worked out side by side by this thread and one more.
-fn side_by_side<'p>(p: &'p Program, g: &Graph, reserved: &Reserved) -> (Names<'p>, Liveness) {
+fn side_by_side<'p>(p: &'p Program, g: &'p Graph, reserved: &Reserved) -> (Names<'p>, Liveness) {
     thread::scope(|s| {
         // A thread that cannot be started means doing its part here.
         let other = thread::Builder::new()
@@ -930,7 +930,7 @@ impl<'a> Emitter<'a> {
     /// unwritten (None) and nothing written with the guess is kept.
     fn speculate(
         &mut self,
-        g: &Graph,
+        g: &'a Graph,
         reserved: &Reserved,
     ) -> (Names<'a>, Arc<Liveness>, Option<Chunks>) {
         let (p, layout, per_node) = (self.p, self.layout, self.per_node);

@@ -2,7 +2,7 @@
 //! and never shadows a keyword, a builtin, `torch`, `operator` or a layout name.
 
 use crate::helper::discard;
-use crate::ir::{Graph, Program, Span};
+use crate::ir::{Graph, Node, Program, Span};
 use crate::table::Table;
 
 /// Python 3.11's keywords and soft keywords are all lower-case ASCII; `_` is excluded here.
@@ -499,11 +499,15 @@ impl Reserved<'_> {
 }
 
 /// Identifiers of one function's nodes. Most are the node's own name, pointed to in the
-/// program's text; renamed ones live in [`NameParts::extra`].
+/// program's text; renamed ones live in [`NameParts::extra`]. When every node keeps its own
+/// name, the names are read from the nodes themselves (no table).
 #[derive(Debug, Default)]
 pub struct Names<'a> {
     base: &'a str,
     parts: NameParts,
+    /// The nodes, when each one's name is a span of `base` short of [`EXTRA`] and is its
+    /// identifier (`parts` is then empty).
+    own: Option<&'a [Node]>,
 }
 
 const EXTRA: u32 = 1 << 31;
@@ -522,7 +526,11 @@ impl<'a> Names<'a> {
     /// whose names needs changing, and so a guess to use before `assign` has finished (and to
     /// drop unless its result is [`Names::all_own`]). A name that is not a span of the program
     /// text is guessed empty.
-    pub fn own(p: &'a Program, g: &Graph) -> Names<'a> {
+    pub fn own(p: &'a Program, g: &'a Graph) -> Names<'a> {
+        let whole = |node: &Node| p.text.get(node.name.range()).is_some() && node.name.len < EXTRA;
+        if g.nodes.iter().all(whole) {
+            return Names::of_nodes(p, g);
+        }
         let spans = g
             .nodes
             .iter()
@@ -538,9 +546,25 @@ impl<'a> Names<'a> {
         .over(&p.text)
     }
 
+    /// Every node of `g` named by its own name, read from the node. Each name must be a span
+    /// of the program text shorter than [`EXTRA`] (as every kept name is).
+    fn of_nodes(p: &'a Program, g: &'a Graph) -> Names<'a> {
+        Names {
+            base: &p.text,
+            parts: NameParts::default(),
+            own: Some(&g.nodes),
+        }
+    }
+
     /// The names without the text they point into.
     pub fn into_parts(self) -> NameParts {
-        self.parts
+        match self.own {
+            Some(nodes) => NameParts {
+                extra: String::new(),
+                spans: nodes.iter().map(|n| (n.name.start, n.name.len)).collect(),
+            },
+            None => self.parts,
+        }
     }
 
     /// Whether every node kept its own name (true for a result of [`assign`] exactly when it
@@ -549,9 +573,25 @@ impl<'a> Names<'a> {
         self.parts.extra.is_empty()
     }
 
+    /// `(start, len)` of node `i`'s identifier, as in [`NameParts::spans`].
+    #[inline(always)]
+    fn span(&self, i: u32) -> (u32, u32) {
+        match self.own {
+            Some(nodes) => {
+                let s = nodes[i as usize].name;
+                (s.start, s.len)
+            }
+            None => self.parts.spans[i as usize],
+        }
+    }
+
     #[inline]
     pub fn get(&self, i: u32) -> &str {
-        self.parts.get(self.base, i)
+        match self.own {
+            // SAFETY: the name is a span of `base` (`of_nodes`).
+            Some(nodes) => unsafe { self.base.get_unchecked(nodes[i as usize].name.range()) },
+            None => self.parts.get(self.base, i),
+        }
     }
 
     /// Node `i`'s identifier as `Ok((16 bytes of the text from its start, its length))` when it
@@ -560,7 +600,7 @@ impl<'a> Names<'a> {
     /// `Err(identifier)`.
     #[inline(always)]
     pub fn sixteen(&self, i: u32) -> std::result::Result<(u128, usize), &str> {
-        let (s, l) = self.parts.spans[i as usize];
+        let (s, l) = self.span(i);
         if l <= 16 && s as usize + 16 <= self.base.len() {
             // SAFETY: the 16 bytes read stay inside `base` (a span marked EXTRA is longer than
             // 16 and never gets here).
@@ -585,7 +625,11 @@ pub struct NameParts {
 impl NameParts {
     /// The names, over `base`: the program text the spans were taken from.
     pub fn over(self, base: &str) -> Names<'_> {
-        Names { base, parts: self }
+        Names {
+            base,
+            parts: self,
+            own: None,
+        }
     }
 
     /// Node `i`'s identifier, its span read over `base` or, marked [`EXTRA`], over `extra`.
@@ -705,15 +749,14 @@ pub const BUCKETED_MIN_NODES: usize = 1 << 15;
 /// memory in order: the names' hashes are bucketed by their top bits, then each bucket is
 /// searched for a repeat in a table small enough for the caches. A repeated hash answers None
 /// (equal names, or a 64-bit collision of different ones, which `assign` then tells apart).
-pub fn own_names<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Option<Names<'a>> {
+pub fn own_names<'a>(p: &'a Program, g: &'a Graph, reserved: &Reserved) -> Option<Names<'a>> {
     let n = g.nodes.len();
     // About 2,048 hashes (16 KiB) a bucket, searched in a table of at least twice as many slots.
     let bits = (n / 2048).max(2).next_power_of_two().trailing_zeros();
     let bucket = |h: u64| (h >> (64 - bits)) as usize;
     let mut hashes = Vec::with_capacity(n);
-    let mut spans = vec![(0, 0); n];
     let mut starts = vec![0usize; (1 << bits) + 1];
-    for (node, span) in g.nodes.iter().zip(&mut spans) {
+    for node in &g.nodes {
         let raw = p.str(node.name);
         let h = hash_bytes(raw.as_bytes());
         // `Assigner::add`'s test for keeping a name, negated; the two must agree. (Written out
@@ -727,7 +770,6 @@ pub fn own_names<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Option<N
         }
         starts[bucket(h) + 1] += 1;
         hashes.push(h);
-        *span = (node.name.start, node.name.len);
     }
     let largest = starts.iter().copied().max().unwrap_or(0);
     for b in 1..starts.len() {
@@ -761,16 +803,12 @@ pub fn own_names<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Option<N
         }
         begin = end;
     }
-    let parts = NameParts {
-        extra: String::new(),
-        spans,
-    };
-    Some(parts.over(&p.text))
+    Some(Names::of_nodes(p, g))
 }
 
 /// [`assign`], from [`BUCKETED_MIN_NODES`] nodes by [`own_names`] where every node keeps its
 /// own name.
-pub fn assign_large<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
+pub fn assign_large<'a>(p: &'a Program, g: &'a Graph, reserved: &Reserved) -> Names<'a> {
     if g.nodes.len() >= BUCKETED_MIN_NODES {
         if let Some(names) = own_names(p, g, reserved) {
             return names;
@@ -781,7 +819,7 @@ pub fn assign_large<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names
 
 /// Assigns every node of `g` a unique identifier (see [`Assigner::add`]), claiming the names
 /// one by one in the uniqueness table.
-pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
+pub fn assign<'a>(p: &'a Program, g: &'a Graph, reserved: &Reserved) -> Names<'a> {
     /// How far ahead the uniqueness table's slots are prefetched.
     const AHEAD: usize = 8;
     let mut a = Assigner::new(g.nodes.len());
@@ -798,7 +836,12 @@ pub fn assign<'a>(p: &'a Program, g: &Graph, reserved: &Reserved) -> Names<'a> {
         a.used.prefetch(ahead[idx % AHEAD]);
         a.add(&p.text, h, p.str(node.name), node.name.start, reserved);
     }
-    a.parts.over(&p.text)
+    // Every name kept is an identifier in the text: read them from the nodes, and free the
+    // spans before the statements take memory.
+    match a.parts.extra.is_empty() {
+        true => Names::of_nodes(p, g),
+        false => a.parts.over(&p.text),
+    }
 }
 
 /// [`assign`] for nodes handed over one at a time while the graph is still being read, from
