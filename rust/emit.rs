@@ -702,7 +702,7 @@ fn side_by_side<'p>(p: &'p Program, g: &'p Graph, reserved: &Reserved) -> (Names
         let other = thread::Builder::new()
             .spawn_scoped(s, || liveness::compute(p, g))
             .ok();
-        let names = names::assign_large(p, g, reserved);
+        let names = names::assign(p, g, reserved);
         let live = match other {
             Some(h) => h.join().unwrap_or_else(|e| panic::resume_unwind(e)),
             None => liveness::compute(p, g),
@@ -870,7 +870,7 @@ impl<'a> Emitter<'a> {
                 (names, Arc::new(live), None)
             }
             None => (
-                names::assign_large(p, g, reserved),
+                names::assign(p, g, reserved),
                 Arc::new(liveness::compute(p, g)),
                 None,
             ),
@@ -947,7 +947,7 @@ impl<'a> Emitter<'a> {
                 Emitter::new(p, layout, g.nodes.len() * per_node)
                     .into_chunks(g, &own, &live, &starts, next, stop)
             });
-            let names = names::assign_large(p, g, reserved);
+            let names = names::assign(p, g, reserved);
             let Ok(other) = other else {
                 // A thread that cannot be started means doing its part here.
                 return (names, Arc::new(liveness::compute(p, g)), None);

@@ -496,6 +496,15 @@ impl Reserved<'_> {
         };
         has_prefix || s == self.fn_name || taken_globally(h, s)
     }
+
+    /// Whether `raw` (of hash `h`), found at `at` in `text`, may name its node as it is, if no
+    /// earlier node has it: an identifier, shorter than [`EXTRA`], not reserved.
+    #[inline(always)]
+    fn allows(&self, text: &str, at: u32, raw: &str, h: u64) -> bool {
+        is_identifier_at(text.as_bytes(), at as usize, raw.len())
+            && raw.len() < EXTRA as usize
+            && !self.is_reserved_h(h, raw)
+    }
 }
 
 /// Identifiers of one function's nodes. Most are the node's own name, pointed to in the
@@ -694,11 +703,7 @@ impl Assigner {
     /// name when it is allowed and free, else a sanitized form with the first free `_N` suffix.
     fn add(&mut self, base: &str, h: u64, raw: &str, at: u32, reserved: &Reserved) {
         let idx = self.parts.spans.len() as u32;
-        if is_identifier_at(base.as_bytes(), at as usize, raw.len())
-            && raw.len() < EXTRA as usize
-            && !reserved.is_reserved_h(h, raw)
-            && !self.claim(base, h, raw, idx)
-        {
+        if reserved.allows(base, at, raw, h) && !self.claim(base, h, raw, idx) {
             self.parts.spans.push((at, raw.len() as u32));
             return;
         }
@@ -739,16 +744,16 @@ impl Assigner {
     }
 }
 
-/// Functions of this many nodes or more are first checked for names that all stay as they are
-/// ([`own_names`]) before [`assign`] claims them one by one ([`assign_large`]).
+/// From this many nodes, [`assign`] checks whether every name stays as it is by buckets
+/// ([`own_names`]) rather than in one table ([`own_names_small`]).
 pub const BUCKETED_MIN_NODES: usize = 1 << 15;
 
 /// [`Names::own`] when every node of `g` keeps its own name under [`assign`] (each is an
-/// identifier, not reserved, and no two are equal), else None. Where `assign`'s uniqueness
+/// identifier, not reserved, and no two are equal), else None. Where `claim_each`'s uniqueness
 /// table is read at random (and outgrows the caches on large graphs), this reads and writes
 /// memory in order: the names' hashes are bucketed by their top bits, then each bucket is
 /// searched for a repeat in a table small enough for the caches. A repeated hash answers None
-/// (equal names, or a 64-bit collision of different ones, which `assign` then tells apart).
+/// (equal names, or a 64-bit collision of different ones, which `claim_each` then tells apart).
 pub fn own_names<'a>(p: &'a Program, g: &'a Graph, reserved: &Reserved) -> Option<Names<'a>> {
     let n = g.nodes.len();
     // About 2,048 hashes (16 KiB) a bucket, searched in a table of at least twice as many slots.
@@ -759,13 +764,7 @@ pub fn own_names<'a>(p: &'a Program, g: &'a Graph, reserved: &Reserved) -> Optio
     for node in &g.nodes {
         let raw = p.str(node.name);
         let h = hash_bytes(raw.as_bytes());
-        // `Assigner::add`'s test for keeping a name, negated; the two must agree. (Written out
-        // rather than shared: a shared function changes `add`'s control flow, and with it the
-        // hash that its counts in the PGO profile are keyed to.)
-        if !is_identifier_at(p.text.as_bytes(), node.name.start as usize, raw.len())
-            || raw.len() >= EXTRA as usize
-            || reserved.is_reserved_h(h, raw)
-        {
+        if !reserved.allows(&p.text, node.name.start, raw, h) {
             return None;
         }
         starts[bucket(h) + 1] += 1;
@@ -806,20 +805,38 @@ pub fn own_names<'a>(p: &'a Program, g: &'a Graph, reserved: &Reserved) -> Optio
     Some(Names::of_nodes(p, g))
 }
 
-/// [`assign`], from [`BUCKETED_MIN_NODES`] nodes by [`own_names`] where every node keeps its
-/// own name.
-pub fn assign_large<'a>(p: &'a Program, g: &'a Graph, reserved: &Reserved) -> Names<'a> {
-    if g.nodes.len() >= BUCKETED_MIN_NODES {
-        if let Some(names) = own_names(p, g, reserved) {
-            return names;
+/// [`own_names`] for functions under [`BUCKETED_MIN_NODES`] nodes: claims each name in a
+/// uniqueness table as [`claim_each`] does, comparing with the nodes' own names, so that no
+/// name is recorded.
+fn own_names_small<'a>(p: &'a Program, g: &'a Graph, reserved: &Reserved) -> Option<Names<'a>> {
+    let mut used: Table<u32> = Table::with_capacity(g.nodes.len());
+    let name_of = |i: u32| p.str(g.nodes[i as usize].name);
+    for (idx, node) in g.nodes.iter().enumerate() {
+        let raw = p.str(node.name);
+        let h = hash_bytes(raw.as_bytes());
+        if !reserved.allows(&p.text, node.name.start, raw, h)
+            || used.claim(h, idx as u32, |i| name_of(i) == raw).is_some()
+        {
+            return None;
         }
     }
-    assign(p, g, reserved)
+    Some(Names::of_nodes(p, g))
+}
+
+/// Assigns every node of `g` a unique identifier (see [`Assigner::add`]): the nodes' own names
+/// when [`own_names`] (from [`BUCKETED_MIN_NODES`] nodes) or [`own_names_small`] finds that
+/// every node keeps its own, else [`claim_each`].
+pub fn assign<'a>(p: &'a Program, g: &'a Graph, reserved: &Reserved) -> Names<'a> {
+    let own = match g.nodes.len() >= BUCKETED_MIN_NODES {
+        true => own_names(p, g, reserved),
+        false => own_names_small(p, g, reserved),
+    };
+    own.unwrap_or_else(|| claim_each(p, g, reserved))
 }
 
 /// Assigns every node of `g` a unique identifier (see [`Assigner::add`]), claiming the names
 /// one by one in the uniqueness table.
-pub fn assign<'a>(p: &'a Program, g: &'a Graph, reserved: &Reserved) -> Names<'a> {
+pub fn claim_each<'a>(p: &'a Program, g: &'a Graph, reserved: &Reserved) -> Names<'a> {
     /// How far ahead the uniqueness table's slots are prefetched.
     const AHEAD: usize = 8;
     let mut a = Assigner::new(g.nodes.len());
@@ -836,17 +853,12 @@ pub fn assign<'a>(p: &'a Program, g: &'a Graph, reserved: &Reserved) -> Names<'a
         a.used.prefetch(ahead[idx % AHEAD]);
         a.add(&p.text, h, p.str(node.name), node.name.start, reserved);
     }
-    // Every name kept is an identifier in the text: read them from the nodes, and free the
-    // spans before the statements take memory.
-    match a.parts.extra.is_empty() {
-        true => Names::of_nodes(p, g),
-        false => a.parts.over(&p.text),
-    }
+    a.parts.over(&p.text)
 }
 
-/// [`assign`] for nodes handed over one at a time while the graph is still being read, from
+/// [`claim_each`] for nodes handed over one at a time while the graph is still being read, from
 /// copies of their names: the result ([`Namer::finish`]) names kept names by their spans in the
-/// program text, exactly as `assign` would.
+/// program text, exactly as `claim_each` would.
 pub struct Namer {
     /// The copies, in node order.
     text: String,
@@ -964,18 +976,21 @@ mod tests {
             prefix: "__fx_",
             fn_name: "f",
         };
-        let n = 40_000;
-        for (bad, at) in [
-            (None, 0),
-            (Some("v_17"), 0),
-            (Some("v_17"), n / 2),
-            (Some("v_0"), n - 1),
-            (Some("len"), n / 3),
-            (Some("__fx_c0"), n - 1),
-            (Some("f"), 5),
-            (Some("1x"), n / 2),
-            (Some("a.b"), 0),
-        ] {
+        // Both sides of BUCKETED_MIN_NODES: `own_names` and `own_names_small`.
+        let cases = |n: usize| {
+            [
+                (n, None, 0),
+                (n, Some("v_17"), 0),
+                (n, Some("v_17"), n / 2),
+                (n, Some("v_0"), n - 1),
+                (n, Some("len"), n / 3),
+                (n, Some("__fx_c0"), n - 1),
+                (n, Some("f"), 5),
+                (n, Some("1x"), n / 2),
+                (n, Some("a.b"), 0),
+            ]
+        };
+        for (n, bad, at) in cases(40_000).into_iter().chain(cases(1_000)) {
             let mut p = Program::default();
             let g = p.add_graph();
             for i in 0..n {
@@ -987,10 +1002,13 @@ mod tests {
                 p.add_node(g, Op::Placeholder, &name, Target::Param(t), &[], &[]);
             }
             let g = &p.graphs[0];
-            let each = assign(&p, g, &r);
-            let own = own_names(&p, g, &r);
-            assert_eq!(own.is_some(), each.all_own(), "{bad:?} at {at}");
-            let got = assign_large(&p, g, &r);
+            let each = claim_each(&p, g, &r);
+            let own = match n >= BUCKETED_MIN_NODES {
+                true => own_names(&p, g, &r),
+                false => own_names_small(&p, g, &r),
+            };
+            assert_eq!(own.is_some(), each.all_own(), "{bad:?} at {at} of {n}");
+            let got = assign(&p, g, &r);
             for i in 0..n as u32 {
                 assert_eq!(got.get(i), each.get(i));
                 if let Some(own) = &own {
