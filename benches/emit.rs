@@ -191,7 +191,7 @@ fn bench_shape(c: &mut Criterion, shape: &str, make: fn(usize) -> (Program, usiz
             .expect("a graph");
         group.throughput(Throughput::Elements(g.nodes.len() as u64));
         group.bench_with_input(BenchmarkId::new("names", nodes), &p, |b, p| {
-            b.iter(|| names::assign_large(black_box(p), g, &reserved).all_own())
+            b.iter(|| names::assign(black_box(p), g, &reserved).all_own())
         });
         group.bench_with_input(BenchmarkId::new("liveness", nodes), &p, |b, p| {
             b.iter(|| liveness::compute(black_box(p), g))
