@@ -88,10 +88,10 @@ fn inline(nodes: usize) -> (Program, usize) {
     );
     p.add_output(root, Arg::Node(item));
 
-    let to_copy = Target::Name(p.push_text("torch.ops.aten._to_copy.default").unwrap());
-    let add = Target::Name(p.push_text("torch.ops.aten.add.Tensor").unwrap());
-    let mul = Target::Name(p.push_text("torch.ops.aten.mul.Tensor").unwrap());
-    let sub = Target::Name(p.push_text("torch.ops.aten.sub.Tensor").unwrap());
+    let to_copy = Target::Name(p.push_str("torch.ops.aten._to_copy.default"));
+    let add = Target::Name(p.push_str("torch.ops.aten.add.Tensor"));
+    let mul = Target::Name(p.push_str("torch.ops.aten.mul.Tensor"));
+    let sub = Target::Name(p.push_str("torch.ops.aten.sub.Tensor"));
     let (dtype, device) = (
         Arg::Str(p.push_str("dtype")),
         Arg::Str(p.push_str("device")),

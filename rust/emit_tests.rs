@@ -87,7 +87,7 @@ fn inlined_child_with_renamed_params_and_keywords() {
     // The child: def (torch, y=2): return torch.ops.aten.mul.Tensor(torch, y)
     let t = p.add_placeholder(child, "torch", None);
     let y = p.add_placeholder(child, "y", Some(Arg::Int(2)));
-    let name = p.push_text("torch.ops.aten.mul.Tensor").unwrap();
+    let name = p.push_str("torch.ops.aten.mul.Tensor");
     let m = p.add_node(
         child,
         Op::CallFunction,
@@ -183,7 +183,7 @@ fn unused_values_and_methods_and_get_attr() {
     let x = p.add_placeholder(g, "x", None);
     let _unused = p.add_placeholder(g, "unused", None);
     let w = p.add_node(g, Op::GetAttr, "w", Target::Const(0), &[], &[]);
-    let m = p.push_text("add").unwrap();
+    let m = p.push_str("add");
     let a = p.add_node(
         g,
         Op::CallMethod,
@@ -192,7 +192,7 @@ fn unused_values_and_methods_and_get_attr() {
         &[Arg::Node(x), Arg::Node(w)],
         &[],
     );
-    let m2 = p.push_text("bit_length").unwrap();
+    let m2 = p.push_str("bit_length");
     let _dead = p.add_node(
         g,
         Op::CallMethod,
@@ -231,7 +231,7 @@ fn layout_errors() {
 fn validation_names_the_node() {
     let mut p = Program::default();
     let g = p.add_graph();
-    let bad = p.push_text("x); import os; (").unwrap();
+    let bad = p.push_str("x); import os; (");
     p.add_node(
         g,
         Op::CallMethod,
@@ -268,10 +268,10 @@ fn mixed(n: usize, lead: usize, rename: bool) -> Program {
     let mut p = Program::default();
     let g = p.add_graph();
     let child = p.add_graph();
-    let add = p.push_text("operator.add").unwrap();
-    let cat = p.push_text("torch.cat").unwrap();
-    let relu = p.push_text("relu").unwrap();
-    let view = p.push_text("view").unwrap();
+    let add = p.push_str("operator.add");
+    let cat = p.push_str("torch.cat");
+    let relu = p.push_str("relu");
+    let view = p.push_str("view");
     let cx = p.add_placeholder(child, "x", None);
     let cy = p.add_placeholder(child, "y", Some(Arg::Int(1)));
     let args = [Arg::Node(cx), Arg::Node(cy)];
@@ -550,10 +550,8 @@ fn long_items() -> Program {
         })
         .collect();
     let dict = p.dict(&pairs);
-    let target = Target::Name(
-        p.push_text("torch.ops.aten.an_operator_with_a_very_long_name.default")
-            .unwrap(),
-    );
+    let target =
+        Target::Name(p.push_str("torch.ops.aten.an_operator_with_a_very_long_name.default"));
     let c = p.add_node(
         g,
         Op::CallFunction,
@@ -567,7 +565,7 @@ fn long_items() -> Program {
             ("key_of_thirty_three_bytes_exactly", dict),
         ],
     );
-    let m = Target::Method(p.push_text("a_method_name_that_is_quite_long_too").unwrap());
+    let m = Target::Method(p.push_str("a_method_name_that_is_quite_long_too"));
     let d = p.add_node(
         g,
         Op::CallMethod,
@@ -753,7 +751,7 @@ fn items() -> Program {
                 let b = item(&mut p, a, 2, &format!("b{k}"));
                 let other = item(&mut p, c, 1, &format!("o{k}"));
                 let l = p.list(&[Arg::Node(b), Arg::Node(other)]);
-                let t = p.push_text("torch.stack").unwrap();
+                let t = p.push_str("torch.stack");
                 p.add_node(
                     g,
                     Op::CallFunction,

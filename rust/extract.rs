@@ -11,8 +11,7 @@ use crate::emit::{default_threads, Layout, Style, PARALLEL_MIN_NODES};
 use crate::error::Error;
 use crate::helper::{helper_min_nodes, Ahead, Helper};
 use crate::ir::{
-    Arg, Graph, Node, Op, Program, Slot, Span, Submod, SubmodKind, Target, Text, MAX_DEPTH,
-    MAX_KWARGS,
+    Arg, Graph, Node, Op, Program, Slot, Span, Submod, SubmodKind, Target, MAX_DEPTH, MAX_KWARGS,
 };
 use crate::names::{self, hash_bytes};
 use crate::stream::{Batch, Full, Streamed, Streams, BATCH, FULL_BATCH};
@@ -1267,16 +1266,10 @@ impl<'py> Extractor<'py> {
             self.text_of(t)
                 .map_err(|_| node_error(node, "the target is not a str"))
         };
-        let long = || {
-            node_error(
-                node,
-                format!("the target is longer than {} bytes", Text::MAX),
-            )
-        };
         Ok(match op {
-            Op::Placeholder => Target::Param(self.prog.push_text(text(t)?).ok_or_else(long)?),
+            Op::Placeholder => Target::Param(self.prog.push_str(text(t)?)),
             Op::Output => Target::None,
-            Op::CallMethod => Target::Method(self.prog.push_text(text(t)?).ok_or_else(long)?),
+            Op::CallMethod => Target::Method(self.prog.push_str(text(t)?)),
             Op::GetAttr => {
                 let path = Bound::from_borrowed_ptr(self.py, t);
                 let path = path
@@ -1386,9 +1379,8 @@ impl<'py> Extractor<'py> {
                             name
                         }
                     };
-                    // A name too long for a target is pooled instead.
-                    match name.and_then(|name| self.prog.push_text(&name)) {
-                        Some(text) => Target::Name(text),
+                    match name {
+                        Some(name) => Target::Name(self.prog.push_str(&name)),
                         None => Target::Const(self.pool.intern(&t)),
                     }
                 };

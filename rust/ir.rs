@@ -137,58 +137,26 @@ impl Op {
     }
 }
 
-/// A span of [`Program::text`] of at most [`Text::MAX`] bytes, in 6 bytes: a [`Target`] that
-/// holds one takes 8, and a [`Node`] 28.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(C, packed(2))]
-pub struct Text {
-    start: u32,
-    len: u16,
-}
-
-impl Text {
-    pub const MAX: usize = u16::MAX as usize;
-
-    /// `s` as a `Text`, if it is short enough.
-    pub fn of(s: Span) -> Option<Text> {
-        let len = u16::try_from(s.len).ok()?;
-        Some(Text {
-            start: s.start,
-            len,
-        })
-    }
-}
-
-impl From<Text> for Span {
-    #[inline(always)]
-    fn from(t: Text) -> Span {
-        Span {
-            start: t.start,
-            len: t.len as u32,
-        }
-    }
-}
-
 /// What a node calls or names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
     /// output
     None,
-    /// placeholder: the parameter's name in the traced signature.
-    Param(Text),
+    /// placeholder: the parameter's name in the traced signature (text).
+    Param(Span),
     /// call_module: an index into [`Program::submods`].
     Submod(u32),
-    /// call_function written by a dotted name that resolves where the code runs.
-    Name(Text),
+    /// call_function written by a dotted name that resolves where the code runs (text).
+    Name(Span),
     /// call_function `operator.getitem`, written as a subscript.
     Getitem,
     /// call_function through the pool, or get_attr's attribute object.
     Const(u32),
-    /// call_method: the method name.
-    Method(Text),
+    /// call_method: the method name (text).
+    Method(Span),
 }
 
-/// One node: 28 bytes. `args` is a span of [`Program::args`]; the keyword arguments follow it
+/// One node: 32 bytes. `args` is a span of [`Program::args`]; the keyword arguments follow it
 /// there ([`Node::kwargs`]) as `key, value` pairs where a key is `Str`, or `Const` for a key
 /// text cannot hold (a lone surrogate).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -278,9 +246,8 @@ impl Program {
 
     /// Text of a span created by [`Program::push_str`] ("" for a span that is not one, which
     /// [`Program::validate`] rejects).
-    #[inline]
-    pub fn str(&self, s: impl Into<Span>) -> &str {
-        self.text.get(s.into().range()).unwrap_or("")
+    pub fn str(&self, s: Span) -> &str {
+        self.text.get(s.range()).unwrap_or("")
     }
 
     /// Bytes of a span created by [`Program::push_bytes`].
@@ -294,15 +261,6 @@ impl Program {
         Span {
             start,
             len: b.len() as u32,
-        }
-    }
-
-    /// [`Program::push_str`] for a target's text, None (and nothing added) when it is longer
-    /// than [`Text::MAX`].
-    pub fn push_text(&mut self, s: &str) -> Option<Text> {
-        match s.len() <= Text::MAX {
-            true => Text::of(self.push_str(s)),
-            false => None,
         }
     }
 
@@ -548,9 +506,7 @@ impl Program {
 
     /// Appends a placeholder named `name` (its parameter name too), with an optional default.
     pub fn add_placeholder(&mut self, g: u32, name: &str, default: Option<Arg>) -> u32 {
-        let param = self
-            .push_text(name)
-            .expect("a parameter name of at most Text::MAX bytes");
+        let param = self.push_str(name);
         let args: &[Arg] = match &default {
             Some(d) => std::slice::from_ref(d),
             None => &[],
@@ -739,8 +695,7 @@ impl Program {
                     }
                     _ => {}
                 },
-                (Op::CallFunction, Target::Name(t)) => {
-                    let s = Span::from(t);
+                (Op::CallFunction, Target::Name(s)) => {
                     let recent = &mut good_spans[s.start as usize % 16];
                     if *recent != s || s.len == 0 {
                         check_span(self, s)?;
@@ -841,8 +796,8 @@ impl Program {
     }
 }
 
-fn check_span(p: &Program, s: impl Into<Span>) -> Result<()> {
-    match p.text.get(s.into().range()) {
+fn check_span(p: &Program, s: Span) -> Result<()> {
+    match p.text.get(s.range()) {
         Some(_) => Ok(()),
         None => Err(Error::Invalid(
             "text span out of range or not on character boundaries".into(),
@@ -865,7 +820,7 @@ mod tests {
     #[test]
     fn slots_hold_every_argument() {
         assert_eq!(std::mem::size_of::<Slot>(), 4);
-        assert_eq!(std::mem::size_of::<Node>(), 28);
+        assert_eq!(std::mem::size_of::<Node>(), 32);
         let span = |start, len| Span { start, len };
         let mut args = vec![Arg::None, Arg::Bool(false), Arg::Bool(true)];
         for i in [0, 1, PAYLOAD_LIMIT - 1, PAYLOAD_LIMIT, u32::MAX] {

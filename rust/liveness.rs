@@ -180,7 +180,7 @@ mod tests {
     fn once_marks_values_referenced_exactly_once_and_not_by_the_output() {
         let mut p = Program::default();
         let g = p.add_graph();
-        let f = p.push_text("f").unwrap();
+        let f = p.push_str("f");
         let call = |p: &mut Program, name: &str, args: &[Arg]| {
             p.add_node(g, Op::CallFunction, name, Target::Name(f), args, &[])
         };

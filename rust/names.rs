@@ -998,7 +998,7 @@ mod tests {
                     Some(b) if i == at => b.to_string(),
                     _ => format!("v_{i}"),
                 };
-                let t = p.push_text(&name).unwrap();
+                let t = p.push_str(&name);
                 p.add_node(g, Op::Placeholder, &name, Target::Param(t), &[], &[]);
             }
             let g = &p.graphs[0];
@@ -1026,7 +1026,7 @@ mod tests {
         for n in [
             "__fx_c0", "__fx_c0", "v__fx_c0", "torch", "torch_1", "", "9x", "class", "f",
         ] {
-            let t = p.push_text(n).unwrap();
+            let t = p.push_str(n);
             p.add_node(g, Op::Placeholder, n, Target::Param(t), &[], &[]);
         }
         let r = Reserved {

@@ -26,7 +26,7 @@
 
 use crate::error::{Error, Result};
 use crate::ir::{
-    Arg, Graph, Node, Op, Program, Span, Submod, SubmodKind, Target, Text, MAX_DEPTH, MAX_KWARGS,
+    Arg, Graph, Node, Op, Program, Span, Submod, SubmodKind, Target, MAX_DEPTH, MAX_KWARGS,
 };
 
 pub const MAGIC: &[u8; 4] = b"FXCG";
@@ -52,8 +52,7 @@ impl Writer<'_> {
         }
     }
 
-    fn text(&mut self, s: impl Into<Span>) {
-        let s = s.into();
+    fn text(&mut self, s: Span) {
         self.varint(s.len as u64);
         let p = self.p;
         self.out.extend_from_slice(p.str(s).as_bytes());
@@ -274,16 +273,6 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A target's text: at most [`Text::MAX`] bytes.
-    fn short_text(&mut self) -> Result<Text> {
-        let at = self.pos;
-        let s = self.text()?;
-        Text::of(s).ok_or_else(|| Error::Serial {
-            offset: at,
-            reason: format!("a target's text is longer than {} bytes", Text::MAX),
-        })
-    }
-
     fn args(&mut self, n: usize, ctx: &Ctx, depth: usize) -> Result<Span> {
         let span = self.p.reserve_args(n);
         for k in 0..n {
@@ -411,15 +400,15 @@ pub fn read(data: &[u8]) -> Result<Program> {
             };
             let name = r.text()?;
             let target = match op {
-                Op::Placeholder => Target::Param(r.short_text()?),
+                Op::Placeholder => Target::Param(r.text()?),
                 Op::CallModule => Target::Submod(r.index(n_submods as u64, "submodule")?),
                 Op::CallFunction => match r.u8()? {
-                    0 => Target::Name(r.short_text()?),
+                    0 => Target::Name(r.text()?),
                     1 => Target::Getitem,
                     2 => Target::Const(r.index(n_consts, "constant")?),
                     t => return r.err(format!("unknown call target tag {t}")),
                 },
-                Op::CallMethod => Target::Method(r.short_text()?),
+                Op::CallMethod => Target::Method(r.text()?),
                 Op::GetAttr => Target::Const(r.index(n_consts, "constant")?),
                 Op::Output => Target::None,
             };

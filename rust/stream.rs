@@ -425,7 +425,7 @@ mod tests {
                 let far = nodes[k * 7 % nodes.len()];
                 let l = p.list(&[Arg::Node(far), Arg::Int(k as i64)]);
                 let kw = [("to", Arg::Node(prev))];
-                let t = Target::Name(p.push_text("operator.add").unwrap());
+                let t = Target::Name(p.push_str("operator.add"));
                 prev = p.add_node(g, Op::CallFunction, name, t, &[Arg::Node(prev), l], &kw);
                 nodes.push(prev);
             }

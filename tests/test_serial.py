@@ -453,33 +453,6 @@ EXPECTED_REASON = {
 }
 
 
-def _with_kwargs(n: int) -> bytes:
-    return program([[call_name("f", "operator.add", [], [(f"k{i}", A.none) for i in range(n)])]])
-
-
-@pytest.mark.parametrize(
-    ("data", "reason"),
-    [
-        (
-            program([[placeholder("x"), call_method("m", "a" * 65536, [A.node(0)])]]),
-            "longer than 65535 bytes",
-        ),
-        (program([[call_name("f", "torch." + "a" * 65530, [])]]), "longer than 65535 bytes"),
-        (program([[placeholder("x", target="p" * 65536)]]), "longer than 65535 bytes"),
-        (_with_kwargs(65536), "more than 65535 keyword arguments"),
-    ],
-    ids=["method", "call name", "placeholder", "keyword arguments"],
-)
-def test_node_list_limits_are_errors(data: bytes, reason: str) -> None:
-    with pytest.raises(CodegenError, match=reason):
-        fxcodegen.emit(data)
-
-
-def test_the_most_keyword_arguments_are_taken() -> None:
-    code, _ = fxcodegen.emit(_with_kwargs(65535))
-    assert "k65534=None" in code
-
-
 @pytest.mark.parametrize("name", sorted(BAD_PROGRAMS))
 def test_bad_programs_raise_codegen_error(name: str) -> None:
     data = BAD_PROGRAMS[name]
