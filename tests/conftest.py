@@ -65,15 +65,19 @@ def run_in_threads(n: int, work: Callable[[int], None]) -> list[BaseException]:
     return errors
 
 
-def raw_gm(graph: fx.Graph, root: torch.nn.Module | None = None) -> fx.GraphModule:
+def raw_gm(
+    graph: fx.Graph, root: torch.nn.Module | None = None, fx_codegen: bool = True
+) -> fx.GraphModule:
     """A GraphModule around ``graph``. When fx's own codegen rejects the graph (fxcodegen must
-    handle some such graphs, e.g. keyword-named kwargs), the module is built without it: its
+    handle some such graphs, e.g. keyword-named kwargs), or ``fx_codegen`` is false (it takes
+    half a minute on a call of 65k keyword arguments), the module is built without it: its
     ``forward`` is then unusable, but its graph and children are what fxcodegen reads."""
     root = root if root is not None else torch.nn.Module()
-    try:
-        return fx.GraphModule(root, graph)
-    except Exception:  # noqa: BLE001 - any failure of fx's codegen
-        pass
+    if fx_codegen:
+        try:
+            return fx.GraphModule(root, graph)
+        except Exception:  # noqa: BLE001 - any failure of fx's codegen
+            pass
     gm = fx.GraphModule(root, fx.Graph())
     for node in graph.nodes:
         target = node.target

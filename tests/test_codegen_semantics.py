@@ -1377,6 +1377,24 @@ def test_unsupported_graphs_name_the_node(surface: str) -> None:
         generate_surface(raw_gm(g), surface)
 
 
+@pytest.mark.parametrize("surface", SURFACES)
+def test_a_call_of_over_65535_keyword_arguments_names_the_node(surface: str) -> None:
+    for n, ok in ((65535, True), (65536, False)):
+        g = fx.Graph()
+        x = g.placeholder("x")
+        call = g.call_function(torch.ops.aten.add.Tensor, (x,), {f"k{i}": i for i in range(n)})
+        call.name = "many_keywords"
+        g.output(call)
+        gm = raw_gm(g, fx_codegen=False)
+        if ok:
+            code, _, _ = generate_surface(gm, surface)
+            assert f"k{n - 1}={n - 1}" in code
+        else:
+            with pytest.raises(CodegenError, match="more than 65535 keyword") as info:
+                generate_surface(gm, surface)
+            assert "many_keywords" in str(info.value)
+
+
 def test_compile_without_opaque_callable_fails_clearly() -> None:
     gm = nested_split_gm()
     gen = fxcodegen.generate(gm)

@@ -453,6 +453,17 @@ EXPECTED_REASON = {
 }
 
 
+def _with_kwargs(n: int) -> bytes:
+    return program([[call_name("f", "operator.add", [], [(f"k{i}", A.none) for i in range(n)])]])
+
+
+def test_a_node_takes_at_most_65535_keyword_arguments() -> None:
+    code, _ = fxcodegen.emit(_with_kwargs(65535))
+    assert "k65534=None" in code
+    with pytest.raises(CodegenError, match="more than 65535 keyword arguments"):
+        fxcodegen.emit(_with_kwargs(65536))
+
+
 @pytest.mark.parametrize("name", sorted(BAD_PROGRAMS))
 def test_bad_programs_raise_codegen_error(name: str) -> None:
     data = BAD_PROGRAMS[name]
