@@ -335,7 +335,7 @@ impl Program {
         Slot::of(t, (self.wide.len() - 1) as u32 & (PAYLOAD_LIMIT - 1))
     }
 
-    /// Whether every slot's index into [`Program::wide`] is whole (the wide table has under
+    /// Whether every slot's index into [`Program::wide`] is whole (the wide table has at most
     /// 2^28 entries: 2 GiB of them). Readers check it before handing a program on.
     pub fn fits(&self) -> bool {
         self.wide.len() <= PAYLOAD_LIMIT as usize
@@ -655,7 +655,7 @@ impl Program {
         // per call target, so spans checked lately are recognised without hashing the text.
         if !self.fits() {
             return Err(Error::Invalid(
-                "the graph has 2^28 or more out-of-line arguments".into(),
+                "out-of-line arguments: more than 2^28 in a graph".into(),
             ));
         }
         let mut good_names: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
