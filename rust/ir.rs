@@ -479,7 +479,8 @@ impl Program {
     }
 
     /// [`Program::add_node`] with the keyword keys given as arguments: `Str` spans, which nodes
-    /// may share (the reader gives every key object one span), or a `Const` slot.
+    /// may share (the reader gives every key object one span), or a `Const` slot. Panics beyond
+    /// [`MAX_KWARGS`] keyword arguments (the readers refuse such nodes with an error).
     pub fn add_node_kw(
         &mut self,
         g: u32,
@@ -651,13 +652,13 @@ impl Program {
         seen_default: &mut bool,
         last: bool,
     ) -> Result<()> {
-        // Call names repeat across nodes: check each distinct text once. Readers share one span
-        // per call target, so spans checked lately are recognised without hashing the text.
         if !self.fits() {
             return Err(Error::Invalid(
                 "out-of-line arguments: more than 2^28 in a graph".into(),
             ));
         }
+        // Call names repeat across nodes: check each distinct text once. Readers share one span
+        // per call target, so spans checked lately are recognised without hashing the text.
         let mut good_names: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
         let mut good_spans = [Span::default(); 16];
         for (j, node) in nodes.iter().enumerate() {
