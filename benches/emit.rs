@@ -5,7 +5,7 @@
 //! `codegen` (validate + layout check + emit), of the serialized path (`serial::read` +
 //! `codegen`, what `fxcodegen.emit` runs), and of the two passes over the largest function's nodes
 //! that come before its statements, each alone on one thread and resident memory (`names`:
-//! `names::assign_large`; `liveness`: `liveness::compute`).
+//! `names::assign`; `liveness`: `liveness::compute`).
 //!
 //!     cargo bench --bench emit --no-default-features
 //!     cargo bench --bench emit --no-default-features -- --test     # smoke: each bench once
