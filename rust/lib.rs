@@ -63,11 +63,14 @@ mod core_ext {
     const PREFAULT_MIN_BYTES: usize = 8 << 20;
 
     /// A root written on the helper whose module is at least this large (and less than
-    /// [`SPLIT_MIN_BYTES`]) has that helper populate the `str`'s pages as it is filled: a `str`
-    /// this large gets fresh pages from the system (glibc maps it) on every call. A smaller one
-    /// usually lands in memory the call freed, and the helper is ended first, handing its spare
-    /// batches back (peak memory).
-    const POPULATE_MIN_BYTES: usize = 1 << 20;
+    /// [`SPLIT_MIN_BYTES`]) has that helper populate the `str`'s pages as it is filled: past
+    /// glibc's threshold for mapping a block afresh, the `str` mostly gets fresh pages on every
+    /// call (stitch 10k's 494 KB: 52 of its 121 pages a call). Populated, stitch 10k took
+    /// 163-167 ns a node against 171-172 with a 1 MiB threshold, stitch 5k 218-226 against
+    /// 224-230, at the same peak memory (`benches/LOG.md`, thirty-second session). A smaller
+    /// one usually lands in memory the call freed, and the helper is ended first, handing its
+    /// spare batches back (peak memory).
+    const POPULATE_MIN_BYTES: usize = 128 << 10;
 
     /// A root written on the helper whose module is at least this large is filled in two
     /// halves side by side, the second on a thread of its own (started for it: 50-60 µs on the
