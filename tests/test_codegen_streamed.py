@@ -100,13 +100,22 @@ def test_mixed_root_equals_the_code_written_from_the_whole_node_list() -> None:
     assert torch.equal(out, want) and x2 is x and s2 == 3
 
 
+def params_gm(n: int) -> fx.GraphModule:
+    """``n - 2`` parameters, one add of two of them, the output: a root handed to the helper
+    (``n`` >= 4,096) whose module is small (about 20 bytes a parameter)."""
+    g = fx.Graph()
+    params = [g.placeholder(f"p{k}") for k in range(n - 2)]
+    g.output(g.call_function(operator.add, (params[0], params[-1])))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
 @pytest.mark.parametrize(
     ("layers", "min_bytes"),
-    [(4500, 1 << 20), (19000, 4 << 20)],
+    [(4500, 128 << 10), (19000, 4 << 20)],
     ids=["populated-by-the-helper", "filled-in-two-halves"],
 )
 def test_a_large_written_module_is_the_same(layers: int, min_bytes: int) -> None:
-    """From 1 MiB on, the helper that wrote a root stays on to populate the pages of the str
+    """From 128 KiB on, the helper that wrote a root stays on to populate the pages of the str
     the module is assembled into (its spare batches are freed after, not before); from 4 MiB
     on, the module is filled in two halves, the second on a thread of its own, split at a
     statement about halfway (never inside a call fused with its getitem). Either way the code,
@@ -121,9 +130,11 @@ def test_a_large_written_module_is_the_same(layers: int, min_bytes: int) -> None
 def test_written_roots_generated_from_several_threads_are_the_same() -> None:
     """Calls from several Python threads each have their own helper, which polls for work
     while another call holds the GIL: every call still writes the whole list's code, for roots
-    whose `str` the helper populates (1 MiB and more) and roots below that."""
-    gms = [mixed_gm(4500), mixed_gm(1500)]
+    whose `str` the helper populates (128 KiB and more) and roots below that."""
+    gms = [mixed_gm(4500), params_gm(4200)]
     wants = [whole_list_code(gm) for gm in gms]
+    assert len(wants[0]) >= 128 << 10 > len(wants[1])
+    assert len(gms[1].graph.nodes) >= LARGE
     got: list[bool] = []
 
     def work(k: int) -> None:
