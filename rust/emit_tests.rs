@@ -671,11 +671,7 @@ fn written_in_batches(p: &Program, layout: &Layout, batch: usize) -> String {
         let nodes: Vec<Node> = chunk
             .iter()
             .map(|n| {
-                let all = Span {
-                    start: n.args.start,
-                    len: n.args.len + n.kwargs().len,
-                };
-                let start = copy_args(p, &mut b, all).start;
+                let start = copy_args(p, &mut b, n.all_args()).start;
                 Node {
                     args: Span { start, ..n.args },
                     ..*n

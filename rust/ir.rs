@@ -15,6 +15,20 @@ pub struct Span {
 }
 
 impl Span {
+    /// The span a [`Program::wide`] entry holds: start in the low half, length in the high.
+    #[inline(always)]
+    fn from_wide(w: u64) -> Span {
+        Span {
+            start: w as u32,
+            len: (w >> 32) as u32,
+        }
+    }
+
+    #[inline(always)]
+    fn to_wide(self) -> u64 {
+        self.start as u64 | (self.len as u64) << 32
+    }
+
     pub fn range(self) -> std::ops::Range<usize> {
         self.start as usize..(self.start + self.len) as usize
     }
@@ -181,6 +195,15 @@ impl Node {
             len: 2 * self.n_kwargs as u32,
         }
     }
+
+    /// The positional and keyword arguments' slots together (`args`, then `kwargs`).
+    #[inline(always)]
+    pub fn all_args(&self) -> Span {
+        Span {
+            start: self.args.start,
+            len: self.args.len.wrapping_add(2 * self.n_kwargs as u32),
+        }
+    }
 }
 
 /// How a child module is called.
@@ -308,22 +331,20 @@ impl Program {
     /// [`Program::pack`] for what it does not settle inline.
     #[inline(never)]
     fn pack_rest(&mut self, a: Arg) -> Slot {
-        let span = |s: Span| s.start as u64 | (s.len as u64) << 32;
         match a {
             Arg::None => Slot(tag::NONE),
             Arg::Bool(b) => Slot::of(tag::BOOL, b as u32),
-            Arg::Node(i) if i < PAYLOAD_LIMIT => Slot::of(tag::NODE, i),
             Arg::Const(k) if k < PAYLOAD_LIMIT => Slot::of(tag::CONST, k),
             Arg::Node(i) => self.wide_slot(tag::WIDE_NODE, i as u64),
             Arg::Const(k) => self.wide_slot(tag::WIDE_CONST, k as u64),
             Arg::Int(v) => self.wide_slot(tag::WIDE_INT, v as u64),
             Arg::Float(v) => self.wide_slot(tag::WIDE_FLOAT, v.to_bits()),
-            Arg::BigInt(s) => self.wide_slot(tag::BIG_INT, span(s)),
-            Arg::Str(s) => self.wide_slot(tag::STR, span(s)),
-            Arg::Bytes(s) => self.wide_slot(tag::BYTES, span(s)),
-            Arg::Tuple(s) => self.wide_slot(tag::TUPLE, span(s)),
-            Arg::List(s) => self.wide_slot(tag::LIST, span(s)),
-            Arg::Dict(s) => self.wide_slot(tag::DICT, span(s)),
+            Arg::BigInt(s) => self.wide_slot(tag::BIG_INT, s.to_wide()),
+            Arg::Str(s) => self.wide_slot(tag::STR, s.to_wide()),
+            Arg::Bytes(s) => self.wide_slot(tag::BYTES, s.to_wide()),
+            Arg::Tuple(s) => self.wide_slot(tag::TUPLE, s.to_wide()),
+            Arg::List(s) => self.wide_slot(tag::LIST, s.to_wide()),
+            Arg::Dict(s) => self.wide_slot(tag::DICT, s.to_wide()),
         }
     }
 
@@ -344,10 +365,9 @@ impl Program {
     /// The span a wide entry holds.
     #[inline(always)]
     fn wide_span(&self, s: Slot) -> Option<Span> {
-        self.wide.get(s.payload() as usize).map(|&w| Span {
-            start: w as u32,
-            len: (w >> 32) as u32,
-        })
+        self.wide
+            .get(s.payload() as usize)
+            .map(|&w| Span::from_wide(w))
     }
 
     /// The argument `s` stores; `None` for a slot [`Program::validate`] rejects.
@@ -387,10 +407,7 @@ impl Program {
         let Some(&w) = self.wide.get(s.payload() as usize) else {
             return Arg::None;
         };
-        let span = Span {
-            start: w as u32,
-            len: (w >> 32) as u32,
-        };
+        let span = Span::from_wide(w);
         match s.tag() {
             tag::WIDE_INT => Arg::Int(w as i64),
             tag::WIDE_FLOAT => Arg::Float(f64::from_bits(w)),

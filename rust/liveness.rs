@@ -52,8 +52,7 @@ pub fn compute(p: &Program, g: &Graph) -> Liveness {
     };
     for (j, node) in g.nodes.iter().enumerate() {
         b.begin(j as u32, node.op == Op::Output);
-        p.for_each_ref(node.args, &mut |i| b.mark(i));
-        p.for_each_ref(node.kwargs(), &mut |i| b.mark(i));
+        p.for_each_ref(node.all_args(), &mut |i| b.mark(i));
     }
     b.finish()
 }
@@ -139,9 +138,12 @@ impl Builder {
         // Bucket by position: count into start[at + 2], sum up (start[at + 1] is then where
         // bucket `at` begins), then place using start[at + 1] as the cursor, which leaves it
         // where bucket `at + 1` begins.
+        // The first pass also sets the `once` bits.
         let mut start = std::mem::take(&mut self.start);
         start.resize(n + 2, 0);
+        let mut once = vec![0u64; n.div_ceil(64)];
         for i in 0..n {
+            once[i / 64] |= ((last[i] & MANY == 0) as u64) << (i % 64);
             if let Some(at) = pos(i) {
                 start[at + 2] += 1;
             }
@@ -158,10 +160,6 @@ impl Builder {
             }
         }
         start.truncate(n + 1);
-        let mut once = vec![0u64; n.div_ceil(64)];
-        for (i, &l) in last.iter().enumerate() {
-            once[i / 64] |= ((l & MANY == 0) as u64) << (i % 64);
-        }
         Liveness { start, list, once }
     }
 

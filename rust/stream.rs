@@ -359,8 +359,7 @@ fn write(
         let nodes = &p.graphs[0].nodes;
         for node in nodes {
             live.push(node.op == Op::Output);
-            p.for_each_ref(node.args, &mut |i| live.mark(i));
-            p.for_each_ref(node.kwargs(), &mut |i| live.mark(i));
+            p.for_each_ref(node.all_args(), &mut |i| live.mark(i));
         }
         let names = parts.over(&p.text);
         body.write(&p, layout, &names, nodes, *first);
@@ -446,8 +445,7 @@ mod tests {
                 for node in g.nodes.iter().skip(at[gi]).take(step) {
                     b.text.push_str(p.str(node.name));
                     let mut refs = Vec::new();
-                    p.for_each_ref(node.args, &mut |i| refs.push(i));
-                    p.for_each_ref(node.kwargs(), &mut |i| refs.push(i));
+                    p.for_each_ref(node.all_args(), &mut |i| refs.push(i));
                     b.push(node.name, node.op == Op::Output, &refs);
                     at[gi] += 1;
                 }
