@@ -647,6 +647,23 @@ def test_artifact_writable_by_others_is_not_read_and_is_replaced(
     assert cache.load(KEY) is not None
 
 
+def test_blob_writable_by_others_is_not_read_and_is_replaced(
+    cache: Cache, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache.store(KEY, FACTORS, make_artifact())
+    bpath = sorted((cache.root / "blobs").iterdir())[0]
+    os.chmod(bpath, 0o666)
+    with pytest.raises(CacheError, match="not trusted: writable by others") as info:
+        load_artifact(cache.artifact_path(KEY))
+    assert info.value.path == bpath
+    caplog.clear()
+    assert cache.load(KEY) is None
+    assert str(bpath) in warnings_text(caplog)
+    _, loaded = cache.get_or_create(KEY, FACTORS, make_artifact)
+    assert not loaded and _mode(bpath) == 0o600
+    check_artifact(cache.load(KEY))
+
+
 def test_cache_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FXCODEGEN_CACHE_DIR", str(tmp_path / "env"))
     assert C.resolve_cache_dir(None) == tmp_path / "env"

@@ -524,6 +524,19 @@ def _read_file(path: Path) -> tuple[bytes, os.stat_result]:
         return f.read(), st
 
 
+def _read_trusted(path: Path, what: str = "") -> bytes:
+    """The bytes of ``path``; :class:`CacheError` if it cannot be read or is not owner-only.
+    ``what`` names the kind of file in the reason (``"blob "``)."""
+    try:
+        raw, st = _read_file(path)
+    except OSError as e:
+        raise CacheError(path, f"unreadable {what}({e.strerror or e})") from None
+    why = _check_owner_only(path, st)
+    if why:
+        raise CacheError(path, f"not trusted: {why}")
+    return raw
+
+
 def _decode_artifact(
     path: Path, raw: bytes, blob_dir: Path, *, expected_key: str | None = None
 ) -> Artifact:
@@ -539,14 +552,7 @@ def _decode_artifact(
                 if not isinstance(digest, str) or not _KEY_RE.match(digest):
                     raise ValueError(f"bad blob reference {digest!r}")
                 bpath = blob_dir / digest
-                try:
-                    braw, bst = _read_file(bpath)
-                except OSError as e:
-                    raise CacheError(bpath, f"unreadable blob ({e.strerror or e})") from None
-                why = _check_owner_only(bpath, bst)
-                if why:
-                    raise CacheError(bpath, f"not trusted: {why}")
-                entries[label] = _decode_blob(bpath, braw, digest)
+                entries[label] = _decode_blob(bpath, _read_trusted(bpath, "blob "), digest)
             pieces.append(
                 PieceRecord(
                     name=pm["name"],
@@ -621,14 +627,7 @@ def load_artifact(path: str | os.PathLike[str]) -> Artifact:
     owner-only. Nothing is unpickled or unmarshaled before its checksum is verified.
     """
     path = Path(path)
-    try:
-        raw, st = _read_file(path)
-    except OSError as e:
-        raise CacheError(path, f"unreadable ({e.strerror or e})") from None
-    why = _check_owner_only(path, st)
-    if why:
-        raise CacheError(path, f"not trusted: {why}")
-    return _decode_artifact(path, raw, path.parent / BLOBS_DIR)
+    return _decode_artifact(path, _read_trusted(path), path.parent / BLOBS_DIR)
 
 
 # --------------------------------------------------------------------------------------
