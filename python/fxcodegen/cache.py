@@ -524,13 +524,14 @@ def _read_file(path: Path) -> tuple[bytes, os.stat_result]:
         return f.read(), st
 
 
-def _read_trusted(path: Path, what: str = "") -> bytes:
+def _read_trusted(path: Path, kind: str | None = None) -> bytes:
     """The bytes of ``path``; :class:`CacheError` if it cannot be read or is not owner-only.
-    ``what`` names the kind of file in the reason (``"blob "``)."""
+    ``kind`` names the kind of file in the reason (``"unreadable blob (...)"``)."""
     try:
         raw, st = _read_file(path)
     except OSError as e:
-        raise CacheError(path, f"unreadable {what}({e.strerror or e})") from None
+        what = f"unreadable {kind}" if kind else "unreadable"
+        raise CacheError(path, f"{what} ({e.strerror or e})") from None
     why = _check_owner_only(path, st)
     if why:
         raise CacheError(path, f"not trusted: {why}")
@@ -552,7 +553,7 @@ def _decode_artifact(
                 if not isinstance(digest, str) or not _KEY_RE.match(digest):
                     raise ValueError(f"bad blob reference {digest!r}")
                 bpath = blob_dir / digest
-                entries[label] = _decode_blob(bpath, _read_trusted(bpath, "blob "), digest)
+                entries[label] = _decode_blob(bpath, _read_trusted(bpath, "blob"), digest)
             pieces.append(
                 PieceRecord(
                     name=pm["name"],
