@@ -295,8 +295,8 @@ def test_unreadable_artifact_is_a_warned_miss_and_heals(
     check_artifact(load_artifact(path))
 
 
-@pytest.mark.parametrize("kind", ["bit-flip", "truncated", "missing"])
-def test_damaged_blob_is_a_warned_miss_and_heals(
+@pytest.mark.parametrize("kind", ["bit-flip", "truncated", "missing", "writable-by-others"])
+def test_damaged_or_untrusted_blob_is_a_warned_miss_and_heals(
     kind: str, cache: Cache, caplog: pytest.LogCaptureFixture
 ) -> None:
     cache.store(KEY, FACTORS, make_artifact())
@@ -304,17 +304,22 @@ def test_damaged_blob_is_a_warned_miss_and_heals(
     data = bpath.read_bytes()
     if kind == "missing":
         bpath.unlink()
+    elif kind == "writable-by-others":
+        os.chmod(bpath, 0o666)
     else:
         bpath.write_bytes(_flip(data, len(data) - 1) if kind == "bit-flip" else data[:-3])
     with pytest.raises(CacheError) as info:
         load_artifact(cache.artifact_path(KEY))
     assert info.value.path == bpath
+    if kind == "writable-by-others":
+        assert info.value.reason == "not trusted: writable by others (mode 0666)"
     caplog.clear()
     assert cache.load(KEY) is None
     assert str(bpath) in warnings_text(caplog)
     art, loaded = cache.get_or_create(KEY, FACTORS, make_artifact)
     assert not loaded
     assert bpath.read_bytes() == data  # rewritten intact
+    assert _mode(bpath) == 0o600
     check_artifact(cache.load(KEY))
 
 
@@ -645,23 +650,6 @@ def test_artifact_writable_by_others_is_not_read_and_is_replaced(
     _, loaded = cache.get_or_create(KEY, FACTORS, make_artifact)
     assert not loaded and _mode(path) == 0o600
     assert cache.load(KEY) is not None
-
-
-def test_blob_writable_by_others_is_not_read_and_is_replaced(
-    cache: Cache, caplog: pytest.LogCaptureFixture
-) -> None:
-    cache.store(KEY, FACTORS, make_artifact())
-    bpath = sorted((cache.root / "blobs").iterdir())[0]
-    os.chmod(bpath, 0o666)
-    with pytest.raises(CacheError, match="not trusted: writable by others") as info:
-        load_artifact(cache.artifact_path(KEY))
-    assert info.value.path == bpath
-    caplog.clear()
-    assert cache.load(KEY) is None
-    assert str(bpath) in warnings_text(caplog)
-    _, loaded = cache.get_or_create(KEY, FACTORS, make_artifact)
-    assert not loaded and _mode(bpath) == 0o600
-    check_artifact(cache.load(KEY))
 
 
 def test_cache_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
