@@ -870,12 +870,10 @@ class Cache:
     def _store_blob(self, digest: str, data: bytes) -> None:
         path = self.blob_path(digest)
         try:
-            raw, st = _read_file(path)
-            if _check_owner_only(path, st) is None:
-                _decode_blob(path, raw, digest)
-                return  # already stored, intact
-        except (OSError, CacheError):
-            pass  # absent or damaged: (re)write it
+            _decode_blob(path, _read_trusted(path, "blob"), digest)
+            return  # already stored, intact and owner-only
+        except CacheError:
+            pass  # absent, damaged or untrusted: (re)write it
         _atomic_write(path, _encode_blob(data))
 
     def get_or_create(
