@@ -527,7 +527,14 @@ def test_key_covers_baked_constants_and_nothing_host_specific(tmp_path: Path) ->
     assert [d.split(":")[0] for d in C.explain_difference(ranged, base)] == ["compile_ranges"]
     # No paths, host names or process ids.
     assert host_details_in(json.dumps(base), str(tmp_path)) == []
-    assert set(base["extra"]) == {"key_version", "pieces", "values", "inductor_config", "devices"}
+    assert set(base["extra"]) == {
+        "key_version",
+        "pieces",
+        "values",
+        "inductor_config",
+        "range_dim",
+        "devices",
+    }
     assert base["extra"]["devices"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 

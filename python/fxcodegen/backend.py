@@ -69,7 +69,9 @@ class GraphRecord:
     reused: int = 0
     loaded: int = 0
     cache: str = "off"
-    """What the artifact cache did: ``"off"`` (``cache_dir=False``), ``"bypassed"``
+    """What the artifact cache did: ``"abandoned"`` (Dynamo was asked to trace again with
+    float inputs specialised: nothing was compiled for this graph), ``"off"``
+    (``cache_dir=False``), ``"bypassed"``
     (compiler without artifacts), ``"untrusted"`` (directory not trusted), ``"unkeyable"``
     (the graph holds objects without a stable identity), ``"miss"`` (compiled, stored
     unless not storable), ``"hit"`` (loaded) or ``"healed"`` (loaded artifact unusable:
@@ -77,6 +79,8 @@ class GraphRecord:
     cache_key: str = ""
     key_s: float = 0.0
     """Seconds spent computing the cache key."""
+    dispatch_symbol: Any = None
+    """The symbol the compile ranges apply to (``None``: the graph has no symbolic size)."""
     split_gm: torch.fx.GraphModule | None = None
     items: list[SplitItem] = field(default_factory=list)
     pieces: dict[str, PiecewiseBackend] = field(default_factory=dict)
@@ -130,6 +134,93 @@ class _Progress:
 
 def _has_symbols(gm: torch.fx.GraphModule) -> bool:
     return any(is_symbolic(v) for v in fake_args(gm))
+
+
+def _unspecialized_floats(gm: torch.fx.GraphModule) -> list[str]:
+    """The names of the float symbols Dynamo made of Python float inputs (each a 0-d tensor
+    input read only by ``.item()``) that are not yet marked to be specialised."""
+    from torch._dynamo.symbolic_convert import TensorifyState
+
+    names = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        memo = getattr(node.meta.get("example_value"), "item_memo", None)
+        name = getattr(getattr(getattr(memo, "node", None), "_expr", None), "name", None)
+        if (
+            isinstance(memo, torch.SymFloat)
+            and isinstance(name, str)
+            and node.users
+            and all(u.op == "call_method" and u.target == "item" for u in node.users)
+            and not TensorifyState.should_specialize(name)
+        ):
+            names.append(name)
+    return names
+
+
+def _check_range_dim(range_dim: Any) -> tuple[str, int] | None:
+    if range_dim is None:
+        return None
+    if (
+        not isinstance(range_dim, (tuple, list))
+        or len(range_dim) != 2
+        or not isinstance(range_dim[0], str)
+        or not range_dim[0].isidentifier()
+        or isinstance(range_dim[1], bool)
+        or not isinstance(range_dim[1], int)
+    ):
+        raise TypeError(
+            f"range_dim must be (argument name, dimension), e.g. ('input_ids', 1), "
+            f"got {range_dim!r}"
+        )
+    return (range_dim[0], range_dim[1])
+
+
+def _source_name(node: torch.fx.Node) -> str:
+    arg = node.meta.get("grapharg")
+    source = getattr(arg, "source", None)
+    return source.name if isinstance(getattr(source, "name", None), str) else ""
+
+
+def _dispatch_symbol(gm: torch.fx.GraphModule, range_dim: tuple[str, int] | None) -> Any:
+    """The symbol the compile ranges apply to.
+
+    With ``range_dim=(name, dim)``: the size of dimension ``dim`` of the input argument
+    ``name``. By default: the last symbolic dimension of the first tensor input that has
+    one (the sequence or token dimension of ``input_ids``, ``(batch, seq)``, and of
+    ``(tokens, hidden)`` activations), else the first symbolic SymInt input.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = fake_args(gm)
+    if range_dim is not None:
+        name, dim = range_dim
+        for node, v in zip(placeholders, values, strict=True):
+            src = _source_name(node)
+            if isinstance(v, torch.Tensor) and (
+                src.endswith(f"['{name}']") or src.endswith(f".{name}") or node.name == name
+            ):
+                if not -v.dim() <= dim < v.dim():
+                    raise ValueError(f"range_dim {range_dim!r}: {name} has {v.dim()} dimensions")
+                size = v.shape[dim]
+                if not (isinstance(size, torch.SymInt) and is_symbolic(size)):
+                    log.warning(
+                        "fxcodegen: range_dim %r: that size is static (%s) in this graph",
+                        range_dim,
+                        size,
+                    )
+                    return None
+                return size.node.expr
+        raise ValueError(f"range_dim {range_dim!r}: the graph has no tensor input {name!r}")
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            dims = [d for d in v.shape if isinstance(d, torch.SymInt) and is_symbolic(d)]
+            dims = [d for d in dims if len(d.node.expr.free_symbols) == 1 and d.node.expr.is_Symbol]
+            if dims:
+                return dims[-1].node.expr
+    for v in values:
+        if isinstance(v, torch.SymInt) and is_symbolic(v) and v.node.expr.is_Symbol:
+            return v.node.expr
+    return None
 
 
 _ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -193,16 +284,15 @@ class Backend:
         cache_dir: str | os.PathLike[str] | bool | None = None,
         inductor_config: Mapping[str, Any] | None = None,
         progress: bool | None = None,
+        range_dim: tuple[str, int] | None = None,
     ) -> None:
         if compiler not in COMPILERS:
             raise ValueError(f"unknown compiler {compiler!r}; choose one of {COMPILERS}")
-        self.splitting_ops = list(splitting_ops) if not isinstance(splitting_ops, str) else None
-        if self.splitting_ops is None:
-            raise TypeError(
-                f"splitting_ops must be a list of op names, not a single string "
-                f"({splitting_ops!r}); write [{splitting_ops!r}]"
-            )
-        resolve_splitting_ops(self.splitting_ops)  # unknown names fail here, not mid-trace
+        # Unknown names fail here, not mid-trace.
+        self.splitting = resolve_splitting_ops(splitting_ops)
+        self.splitting_ops = list(self.splitting.names)
+        """The canonical names of the splitting ops (what keys and logs show)."""
+        self.range_dim = _check_range_dim(range_dim)
         self.compile_ranges = None if compile_ranges is None else _normalize_ranges(compile_ranges)
         self.compile_sizes = _normalize_sizes(compile_sizes)
         self.compiler = compiler
@@ -241,9 +331,27 @@ class Backend:
         record = GraphRecord(len(self.graphs), time.perf_counter(), _has_symbols(gm))
         self.graphs.append(record)
         before = counters.copy()
+        floats = _unspecialized_floats(gm)
+        if floats:
+            # Dynamo made float inputs symbolic; a compiled piece would have to specialise
+            # them anyway, by making Dynamo trace again. Asking for that before compiling
+            # anything keeps every graph the same whatever Inductor's own cache holds.
+            from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+            from torch._dynamo.symbolic_convert import TensorifyState
 
+            for name in floats:
+                TensorifyState.specialize(name)
+            record.cache = "abandoned"
+            log.info(
+                "graph %d: abandoned: Dynamo traces again with float inputs %s specialised",
+                record.index,
+                ", ".join(floats),
+            )
+            raise TensorifyScalarRestartAnalysis
+
+        record.dispatch_symbol = _dispatch_symbol(gm, self.range_dim)
         t0 = time.perf_counter()
-        split_gm, items = split_graph(gm, self.splitting_ops)
+        split_gm, items = split_graph(gm, self.splitting, graph_name=f"graph {record.index}")
         record.split_s = time.perf_counter() - t0
         record.split_gm, record.items = split_gm, items
         record.num_pieces = len(items)
@@ -301,6 +409,7 @@ class Backend:
                     pool=self.pool,
                     inductor_config=self.inductor_config,
                     on_entry=lambda e, how, n=it.submod_name: progress.step(e, how, n),
+                    dispatch_symbol=record.dispatch_symbol,
                 )
                 pieces[it.submod_name] = piece
                 # Replace the child: a non-GraphModule child is called, not inlined.
@@ -369,6 +478,7 @@ class Backend:
                 "pieces": piece_keys,
                 "values": values,
                 "inductor_config": _global_config_hash(),
+                "range_dim": list(self.range_dim) if self.range_dim else None,
                 "devices": _device_factors(split_gm),
             },
         )
@@ -520,6 +630,7 @@ class Backend:
                     compile_missing=False,
                     inductor_config=self.inductor_config,
                     on_entry=lambda e, how, n=it.submod_name: progress.step(e, how, n),
+                    dispatch_symbol=record.dispatch_symbol,
                 )
                 if (
                     sorted(e.label for e in piece.entries) != sorted(rec.entries)
@@ -573,12 +684,17 @@ def backend(
     cache_dir: str | os.PathLike[str] | bool | None = None,
     inductor_config: Mapping[str, Any] | None = None,
     progress: bool | None = None,
+    range_dim: tuple[str, int] | None = None,
 ) -> Backend:
     """A ``torch.compile`` backend that compiles piecewise and stitches with fxcodegen.
 
     Args:
-        splitting_ops: op names (``"ns::op"`` or ``"ns::op.overload"``) to split at; the
-            pieces between them are compiled, the splitting pieces run as they are.
+        splitting_ops: the ops to split at: ``torch.ops`` operators (``"ns::op"``,
+            ``"ns::op.overload"`` or the object) and torch functions (the object or its dotted
+            name); an ``aten`` name also matches its function form, so
+            ``"aten::scaled_dot_product_attention"`` splits at
+            ``torch.nn.functional.scaled_dot_product_attention`` (``docs/piecewise.md``).
+            The pieces between them are compiled, the splitting pieces run as they are.
         compile_ranges: ``Range``s or ``(start, end)`` pairs of the dynamic size compiled
             with dynamic shapes; default one range covering every size.
         compile_sizes: single sizes compiled with static shapes (checked first).
@@ -589,6 +705,9 @@ def backend(
         inductor_config: Inductor config patches.
         progress: show a progress line while compiling (default: when stderr is a TTY or
             ``FXCODEGEN_PROGRESS=1``).
+        range_dim: ``(argument name, dimension)`` of the size the ranges and sizes apply
+            to, e.g. ``("input_ids", 1)``; default: the last symbolic dimension of the first
+            tensor input (the tokens). Other symbolic sizes stay dynamic in every entry.
 
     Every entry is compiled when Dynamo hands over the graph, never at call time.
     """
@@ -600,4 +719,5 @@ def backend(
         cache_dir=cache_dir,
         inductor_config=inductor_config,
         progress=progress,
+        range_dim=range_dim,
     )

@@ -467,6 +467,39 @@ class CompiledPool:
         return key in self._by_key
 
 
+def _free_symbols(examples: Sequence[Any]) -> set[sympy.Symbol]:
+    out: set[sympy.Symbol] = set()
+    for v in examples:
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            out |= v.node.expr.free_symbols
+        elif isinstance(v, torch.Tensor) and v.layout == torch.strided:
+            for d in (*v.shape, *v.stride(), v.storage_offset()):
+                if isinstance(d, torch.SymInt):
+                    out |= d.node.expr.free_symbols
+    return out
+
+
+def _dispatch_location(
+    examples: Sequence[Any], symbol: sympy.Symbol | None
+) -> tuple[list[int], int | None]:
+    """Where a call's dynamic size is read: ``([argument index], None)`` for a SymInt
+    argument, ``([argument index], dim)`` for a tensor argument's size, ``([], None)`` when
+    the piece does not depend on it. Without a ``symbol``, every symbolic SymInt argument
+    (dispatch reads the first)."""
+    syms = [i for i, v in enumerate(examples) if isinstance(v, torch.SymInt) and is_symbolic(v)]
+    if symbol is None:
+        return syms, None
+    exact = [i for i in syms if examples[i].node.expr == symbol]
+    if exact:
+        return exact, None
+    for i, v in enumerate(examples):
+        if isinstance(v, torch.Tensor):
+            for d, n in enumerate(v.shape):
+                if isinstance(n, torch.SymInt) and n.node.expr == symbol:
+                    return [i], d
+    return [], None
+
+
 def _returns_sequence(gm: torch.fx.GraphModule) -> bool:
     for node in reversed(gm.graph.nodes):
         if node.op == "output":
@@ -527,6 +560,11 @@ class PiecewiseBackend(torch.nn.Module):
         sym_shape_indices: argument positions holding the dynamic size (SymInt inputs);
             ``None`` finds them from the placeholders. Dispatch reads the first one. With
             none, the piece has a single (static) entry and ranges/sizes are ignored.
+        dispatch_symbol: the symbol the ranges and sizes apply to (when
+            ``sym_shape_indices`` is ``None``): dispatch reads the SymInt argument equal to
+            it, else the tensor argument dimension of that size. A piece that does not
+            depend on it has a single entry; its other symbolic sizes stay dynamic in every
+            entry (single-size entries of such a piece are compiled with dynamic shapes).
         compiler: ``"inductor"`` (``torch._inductor.standalone_compile``), ``"eager"``
             (runs the graph as is), or a callable ``compiler(graph, entry, example_args)``
             returning the entry's callable (example args: symbolic for ranges and static
@@ -557,6 +595,7 @@ class PiecewiseBackend(torch.nn.Module):
         compile_missing: bool = True,
         inductor_config: Mapping[str, Any] | None = None,
         on_entry: Callable[[Entry, str], None] | None = None,
+        dispatch_symbol: sympy.Symbol | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(graph, torch.fx.GraphModule):
@@ -578,16 +617,20 @@ class PiecewiseBackend(torch.nn.Module):
         self.inductor_config = dict(inductor_config or {})
 
         examples = fake_args(graph)
+        self._dispatch_dim: int | None = None
         if sym_shape_indices is None:
-            sym_shape_indices = [
-                i for i, v in enumerate(examples) if isinstance(v, torch.SymInt) and is_symbolic(v)
-            ]
+            sym_shape_indices, self._dispatch_dim = _dispatch_location(examples, dispatch_symbol)
         for i in sym_shape_indices:
             if not 0 <= i < len(examples):
                 raise ValueError(
                     f"sym_shape_indices entry {i} is out of range for {len(examples)} inputs"
                 )
         self.sym_shape_indices = list(sym_shape_indices)
+        symbols = _free_symbols(examples)
+        self.dispatch_symbol = dispatch_symbol
+        self._other_symbols = bool(symbols - {dispatch_symbol}) if dispatch_symbol else False
+        """Whether the piece has symbolic sizes besides the dispatch one (its single-size
+        entries then keep those dynamic)."""
 
         if self.sym_shape_indices:
             ranges = _normalize_ranges([ALL_SIZES] if compile_ranges is None else compile_ranges)
@@ -673,7 +716,7 @@ class PiecewiseBackend(torch.nn.Module):
         if self.compiler == "eager":
             return Compiled(self.graph)
         if callable(self.compiler):
-            if entry.kind == "size":
+            if entry.kind == "size" and not self._other_symbols:
                 example = concrete_args(self.graph, entry.start, fake=True)
             else:
                 example = fake_args(self.graph)
@@ -688,7 +731,7 @@ class PiecewiseBackend(torch.nn.Module):
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
         options = {"config_patches": dict(self.inductor_config)}
-        if entry.kind == "size":
+        if entry.kind == "size" and not self._other_symbols:
             mode = FakeTensorMode(shape_env=ShapeEnv())
             args = concrete_args(self.graph, entry.start, fake=True, fake_mode=mode)
             art = standalone_compile(
@@ -720,7 +763,9 @@ class PiecewiseBackend(torch.nn.Module):
         ranges = ", ".join(str(Range(s, e)) for s, e in zip(self._starts, self._ends, strict=True))
         sizes = ", ".join(map(str, sorted(self._exact))) or "none"
         return OutOfRangeError(
-            f"{self.piece_name}: size {size!r} (argument {self._dispatch_index}) is in no "
+            f"{self.piece_name}: size {size!r} (argument {self._dispatch_index}"
+            + ("" if self._dispatch_dim is None else f", dim {self._dispatch_dim}")
+            + ") is in no "
             f"compiled range and is no compiled size; ranges: {ranges or 'none'}; sizes: {sizes}"
         )
 
@@ -729,6 +774,8 @@ class PiecewiseBackend(torch.nn.Module):
         if single is not None:
             return single(*args)
         size = args[self._dispatch_index]
+        if self._dispatch_dim is not None:
+            size = size.size(self._dispatch_dim)
         fn = self._exact.get(size)
         if fn is None:
             i = bisect.bisect_right(self._starts, size) - 1
