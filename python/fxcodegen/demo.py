@@ -1,14 +1,20 @@
-"""``python -m fxcodegen demo``: compile the toy decoder piecewise and check it against eager.
+"""``python -m fxcodegen demo``: compile a model piecewise and check it against eager.
 
-Builds :func:`fxcodegen.toy.make_decoder`, compiles it with :func:`fxcodegen.backend` over two
-size ranges and one single size (every entry up front), runs several sizes and compares each
-output with eager (non-zero exit on a mismatch), then prints per-phase timings, compiles vs
-reused pieces, where the generated stitching code was written, and compiled-vs-eager speed.
+By default the embedded toy decoder (:func:`fxcodegen.toy.make_decoder`, split at its
+attention custom op); ``--model llama`` (or gpt2, bert, ... see
+:data:`fxcodegen.models.ARCHITECTURES`) builds a tiny Hugging Face model from a config in
+code and splits it at ``torch.nn.functional.scaled_dot_product_attention``. The model is
+compiled with :func:`fxcodegen.backend` over two size ranges and one single size (every
+entry up front), run at several sizes and compared with eager (non-zero exit on a
+mismatch); the report gives per-phase timings, compiled vs reused vs loaded piece-entries,
+where the generated stitching code was written, and compiled-vs-eager speed. ``--json``
+adds one line ``RESULT {...}`` with the figures, for scripts.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import statistics
@@ -24,26 +30,58 @@ RANGES = [(1, 16), (17, 128)]
 SINGLE_SIZE = 32
 CHECK_SIZES = [1, 5, 16, 17, 32, 100, 128]
 SPEED_SIZES = [16, 128]
+FIRST_SIZE = 48
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
+    from fxcodegen.models import ARCHITECTURES
+
     p = argparse.ArgumentParser(prog="python -m fxcodegen demo", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--model",
+        choices=["toy", *ARCHITECTURES],
+        default="toy",
+        help="toy (embedded, default) or a tiny Hugging Face architecture built from a config",
+    )
     p.add_argument("--compiler", choices=["inductor", "eager"], default="inductor")
-    p.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
-    p.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
-    p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    p.add_argument("--layers", type=int, default=None, help="layers (default: toy 4, others 2)")
+    p.add_argument("--hidden", type=int, default=64, help="toy hidden size (default 64)")
+    p.add_argument("--heads", type=int, default=4, help="toy attention heads (default 4)")
+    p.add_argument("--batch", type=int, default=1, help="batch of a Hugging Face model")
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="artifact cache directory (default: $FXCODEGEN_CACHE_DIR, else ~/.cache/fxcodegen);"
+        " 'off' disables it",
+    )
     p.add_argument(
         "--code-dir",
         default=os.path.join(tempfile.gettempdir(), "fxcodegen-demo"),
         help="where the generated stitching code is written",
     )
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per size")
+    p.add_argument(
+        "--check-sizes",
+        default=",".join(map(str, CHECK_SIZES)),
+        help="comma-separated sizes checked against eager",
+    )
+    p.add_argument("--iters", type=int, default=20, help="timed iterations per size (0: none)")
+    p.add_argument("--json", action="store_true", help="print a RESULT line of JSON at the end")
     p.add_argument("-v", "--verbose", action="store_true", help="show fxcodegen's log")
     args = p.parse_args(argv)
+    if args.layers is None:
+        args.layers = 4 if args.model == "toy" else 2
     if args.layers < 1:
         p.error("--layers must be >= 1")
-    if args.iters < 1:
-        p.error("--iters must be >= 1")
+    if args.iters < 0:
+        p.error("--iters must be >= 0")
+    if args.batch < 1:
+        p.error("--batch must be >= 1")
+    try:
+        args.check_sizes = [int(s) for s in args.check_sizes.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--check-sizes must be comma-separated integers, got {args.check_sizes!r}")
+    if any(not 1 <= n <= RANGES[-1][1] for n in args.check_sizes):
+        p.error(f"--check-sizes must lie in 1..{RANGES[-1][1]}")
     return args
 
 
@@ -57,6 +95,37 @@ def _median_ms(fn: Callable[[], Any], iters: int) -> float:
     return statistics.median(times) * 1e3
 
 
+class _Workload:
+    """A model, its splitting op, and how to make an input of ``n`` tokens and run it."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        torch.manual_seed(0)
+        if args.model == "toy":
+            from fxcodegen.toy import ATTENTION_OP, make_decoder
+
+            self.model = make_decoder(num_layers=args.layers, hidden=args.hidden, heads=args.heads)
+            self.splitting_op = ATTENTION_OP
+            self.title = (
+                f"{args.layers}-layer toy decoder (hidden {args.hidden}, {args.heads} heads)"
+            )
+            self.inputs = lambda n: (
+                torch.randn(n, args.hidden, generator=torch.Generator().manual_seed(n)),
+            )
+            self.run = lambda m, x: m(x)
+        else:
+            from fxcodegen.models import SDPA, tiny_model
+
+            self.model = tiny_model(args.model, num_layers=args.layers)
+            self.splitting_op = SDPA
+            self.title = (
+                f"tiny {args.layers}-layer {args.model} (random weights, batch {args.batch})"
+            )
+            self.inputs = lambda n: (
+                torch.randint(0, 128, (args.batch, n), generator=torch.Generator().manual_seed(n)),
+            )
+            self.run = lambda m, x: m(input_ids=x).last_hidden_state
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     if args.verbose:
@@ -67,48 +136,43 @@ def main(argv: list[str] | None = None) -> int:
         logger.setLevel(logging.INFO)
 
     import fxcodegen
-    from fxcodegen.toy import ATTENTION_OP, make_decoder
 
-    torch.manual_seed(0)
-    model = make_decoder(num_layers=args.layers, hidden=args.hidden, heads=args.heads)
+    work = _Workload(args)
     be = fxcodegen.backend(
-        splitting_ops=[ATTENTION_OP],
+        splitting_ops=[work.splitting_op],
         compile_ranges=RANGES,
         compile_sizes=[SINGLE_SIZE],
         compiler=args.compiler,
+        cache_dir=False if args.cache_dir == "off" else args.cache_dir,
     )
-    compiled = torch.compile(model, backend=be, dynamic=True)
+    compiled = torch.compile(work.model, backend=be, dynamic=True)
     fxcodegen.counters.clear()
-    print(
-        f"fxcodegen demo: {args.layers}-layer decoder (hidden {args.hidden}, {args.heads} heads), "
-        f"split at {ATTENTION_OP}, compiler {args.compiler}"
-    )
+    print(f"fxcodegen demo: {work.title}, split at {work.splitting_op}, compiler {args.compiler}")
     print(
         f"  entries: ranges {', '.join(str(fxcodegen.Range(*r)) for r in RANGES)} "
         f"+ single size {SINGLE_SIZE}, all compiled up front"
     )
 
-    def inputs(n: int) -> torch.Tensor:
-        return torch.randn(n, args.hidden, generator=torch.Generator().manual_seed(n))
-
     # First call: Dynamo traces, the backend splits, compiles every entry and stitches.
-    first = 48
     t0 = time.perf_counter()
     with torch.no_grad():
-        compiled(inputs(first))
+        work.run(compiled, *work.inputs(FIRST_SIZE))
     first_s = time.perf_counter() - t0
-    rec = be.graphs[0]
+    used = [g for g in be.graphs if g.cache != "abandoned"]
+    rec = used[0]
     trace_s = rec.entered_at - t0
 
     failures = 0
+    max_err = 0.0
     print("\ncorrectness against eager:")
     with torch.no_grad():
-        for n in CHECK_SIZES:
-            x = inputs(n)
-            got = compiled(x)
-            want = model(x)
+        for n in args.check_sizes:
+            (x,) = work.inputs(n)
+            got = work.run(compiled, x)
+            want = work.run(work.model, x)
             ok = got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
             err = (got - want).abs().max().item() if got.shape == want.shape else float("nan")
+            max_err = max(max_err, err) if err == err else float("nan")
             # Dynamo specialises size 1, so it gets a second, static graph.
             g = be.graphs[-1] if n == 1 else rec
             piece = next(iter(g.pieces.values()), None)
@@ -122,14 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     print("\nphases:")
     print(f"  dynamo trace            {trace_s:8.3f}s")
     for g in be.graphs:
+        if g.cache == "abandoned":
+            print(f"  graph {g.index}: abandoned (Dynamo traced again with floats specialised)")
+            continue
         kind = "symbolic graph" if g.symbolic else "static graph (size 1)"
-        print(f"  {kind}:")
+        print(f"  graph {g.index}, {kind}, cache {g.cache}:")
         print(
             f"    split                 {g.split_s:8.3f}s  ({g.num_pieces} pieces, {g.num_splitting} splitting)"
         )
         print(
-            f"    compile               {g.compile_s:8.3f}s  ({g.num_entries} piece-entries: "
-            f"{g.compiled} compiled, {g.reused} reused)"
+            f"    {'load' if g.cache == 'hit' else 'compile':<22}{g.compile_s:8.3f}s  "
+            f"({g.num_entries} piece-entries: {g.compiled} compiled, {g.reused} reused, "
+            f"{g.loaded} loaded)"
         )
         print(f"    codegen (stitching)   {g.codegen_s:8.4f}s")
     print(f"  first call in total     {first_s:8.3f}s")
@@ -142,23 +210,40 @@ def main(argv: list[str] | None = None) -> int:
 
     os.makedirs(args.code_dir, exist_ok=True)
     print("\ngenerated stitching code:")
-    for g in be.graphs:
-        path = os.path.join(args.code_dir, f"stitching_graph{g.index}.py")
+    for g in (g for g in be.graphs if g.cache != "abandoned"):
+        path = os.path.join(args.code_dir, f"stitching_{args.model}_graph{g.index}.py")
         with open(path, "w") as f:
             f.write(g.code)
         print(f"  {path}  ({len(g.code.splitlines())} lines)")
 
-    print(f"\nspeed (median of {args.iters} runs, torch threads {torch.get_num_threads()}):")
-    with torch.no_grad():
-        for n in SPEED_SIZES:
-            x = inputs(n)
-            eager_ms = _median_ms(lambda x=x: model(x), args.iters)
-            comp_ms = _median_ms(lambda x=x: compiled(x), args.iters)
-            print(
-                f"  size {n:>4}: eager {eager_ms:7.3f} ms, compiled {comp_ms:7.3f} ms "
-                f"({eager_ms / comp_ms:.2f}x)"
-            )
+    if args.iters:
+        print(f"\nspeed (median of {args.iters} runs, torch threads {torch.get_num_threads()}):")
+        with torch.no_grad():
+            for n in SPEED_SIZES:
+                (x,) = work.inputs(n)
+                eager_ms = _median_ms(lambda x=x: work.run(work.model, x), args.iters)
+                comp_ms = _median_ms(lambda x=x: work.run(compiled, x), args.iters)
+                print(
+                    f"  size {n:>4}: eager {eager_ms:7.3f} ms, compiled {comp_ms:7.3f} ms "
+                    f"({eager_ms / comp_ms:.2f}x)"
+                )
 
+    if args.json:
+        result = {
+            "model": args.model,
+            "compiler": args.compiler,
+            "pieces": rec.num_pieces,
+            "splitting": rec.num_splitting,
+            "max_err": max_err,
+            "failures": failures,
+            "first_call_s": first_s,
+            "counters": dict(c),
+            "graphs": [
+                {"cache": g.cache, "pieces": g.num_pieces, "splitting": g.num_splitting}
+                for g in be.graphs
+            ],
+        }
+        print("RESULT " + json.dumps(result))
     if failures:
         print(f"\nFAILED: {failures} size(s) differ from eager", file=sys.stderr)
         return 1
