@@ -324,3 +324,27 @@ def test_inductor_entries_export_and_load_without_compiling(small) -> None:
         args = args_for(n)
         torch.testing.assert_close(loaded(*args), gm(*args))
     assert loaded.export_artifacts() == arts  # re-export gives the same bytes
+
+
+def test_a_closure_its_module_publishes_is_keyed_by_name() -> None:
+    # torch._sym_sqrt (what math.sqrt of a SymFloat becomes) is a closure made at import;
+    # keyed by identity, GPT-2's graphs could never be cached.
+    from fxcodegen.piecewise import structural_key_stable
+
+    def local_closure(a, k=2.0):
+        return a * k
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["example_value"] = 4.0
+    graph.output(graph.call_function(torch._sym_sqrt, (x,)))
+    assert torch._sym_sqrt.__closure__  # the premise: it is a closure
+    _, stable = structural_key_stable(torch.fx.GraphModule({}, graph))
+    assert stable
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["example_value"] = 4.0
+    graph.output(graph.call_function(local_closure, (x,)))
+    _, stable = structural_key_stable(torch.fx.GraphModule({}, graph))
+    assert not stable

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import pickle
+import sys
 import tempfile
 import time
 import types
@@ -158,8 +159,10 @@ class _Keyer:
             return ["hop", t.name()]
         module = getattr(t, "__module__", None)
         qual = getattr(t, "__qualname__", None) or getattr(t, "__name__", None)
-        if isinstance(t, types.FunctionType) and (
-            t.__closure__ or "<lambda>" in (qual or "") or "<locals>" in (qual or "")
+        if (
+            isinstance(t, types.FunctionType)
+            and (t.__closure__ or "<lambda>" in (qual or "") or "<locals>" in (qual or ""))
+            and not _importable_as(t, module, qual)
         ):
             # Closures and local functions may differ under one name: key by identity.
             return ["fn-id", module, qual, self.identity(t)]
@@ -256,6 +259,18 @@ class _Keyer:
                     ]
                 )
         return out
+
+
+def _importable_as(fn: Any, module: str | None, qual: str | None) -> bool:
+    """Whether ``module.qual`` names ``fn`` itself (a closure a module publishes, such as
+    ``torch._sym_sqrt``, is then as stable as any function)."""
+    mod = sys.modules.get(module or "")
+    if mod is None or not qual:
+        return False
+    obj: Any = mod
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
 
 
 def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
