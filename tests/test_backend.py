@@ -117,3 +117,18 @@ def test_backend_rejects_bad_configuration(tmp_path) -> None:
     be = fxcodegen.backend(splitting_ops=[ATTENTION], cache_dir=tmp_path)
     assert be.cache_dir == str(tmp_path)
     assert counters["compile"] == 0  # nothing compiled before Dynamo hands a graph
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "match"),
+    [
+        ({"splitting_ops": None}, TypeError, "splitting_ops must be a list of ops"),
+        ({"splitting_ops": 42}, TypeError, "splitting_ops must be a list of ops"),
+        ({"splitting_ops": [], "compile_ranges": []}, ValueError, "compile_ranges is empty"),
+    ],
+)
+def test_backend_arguments_that_cannot_work_fail_at_once(kwargs, exc, match) -> None:
+    with pytest.raises(exc, match=match):
+        fxcodegen.backend(**kwargs)
+    # a size alone is enough
+    fxcodegen.backend(splitting_ops=[], compile_ranges=[], compile_sizes=[8])

@@ -16,13 +16,8 @@ from fxcodegen.codegen import (
     serialize,
 )
 from fxcodegen.concrete import concrete_args, fake_args
-from fxcodegen.piecewise import (
-    OutOfRangeError,
-    PiecewiseBackend,
-    counters,
-    entry_key,
-    structural_key,
-)
+from fxcodegen.keys import entry_key, structural_key
+from fxcodegen.piecewise import OutOfRangeError, PiecewiseBackend, counters
 from fxcodegen.ranges import Range, ranges_from_endpoints
 from fxcodegen.split import SplitItem, split_graph
 

@@ -30,19 +30,9 @@ import torch
 
 from fxcodegen.cache import Artifact, Cache, PieceRecord, compute_key, make_factors, open_cache
 from fxcodegen.concrete import fake_args, is_symbolic
-from fxcodegen.piecewise import (
-    COMPILERS,
-    KEY_VERSION,
-    CompiledPool,
-    Entry,
-    PiecewiseBackend,
-    _normalize_ranges,
-    _normalize_sizes,
-    counters,
-    entry_key,
-    split_graph_key,
-    structural_key_stable,
-)
+from fxcodegen.keys import KEY_VERSION, entry_key, split_graph_key, structural_key_stable
+from fxcodegen.piecewise import COMPILERS, CompiledPool, Entry, PiecewiseBackend, counters
+from fxcodegen.ranges import normalize_ranges, normalize_sizes
 from fxcodegen.split import SplitItem, resolve_splitting_ops, split_graph
 
 __all__ = ["Backend", "GraphRecord", "backend"]
@@ -293,8 +283,14 @@ class Backend:
         self.splitting_ops = list(self.splitting.names)
         """The canonical names of the splitting ops (what keys and logs show)."""
         self.range_dim = _check_range_dim(range_dim)
-        self.compile_ranges = None if compile_ranges is None else _normalize_ranges(compile_ranges)
-        self.compile_sizes = _normalize_sizes(compile_sizes)
+        self.compile_ranges = None if compile_ranges is None else normalize_ranges(compile_ranges)
+        self.compile_sizes = normalize_sizes(compile_sizes)
+        if self.compile_ranges == [] and not self.compile_sizes:
+            raise ValueError(
+                "compile_ranges is empty and there are no compile_sizes: a graph with a "
+                "dynamic size would have nothing to run; give a range (or leave "
+                "compile_ranges=None for one covering every size) or a size"
+            )
         self.compiler = compiler
         if isinstance(cache_dir, bool):
             self.cache_dir: str | bool | None = None if cache_dir else False

@@ -9,8 +9,9 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Range", "ranges_from_endpoints"]
+__all__ = ["Range", "normalize_ranges", "normalize_sizes", "ranges_from_endpoints"]
 
 
 def _as_int(value: object, what: str) -> int:
@@ -79,3 +80,33 @@ def ranges_from_endpoints(endpoints: Iterable[int]) -> list[Range]:
         out.append(Range(start, end))
         start = end + 1
     return out
+
+
+def normalize_ranges(compile_ranges: Iterable[Any]) -> list[Range]:
+    """``compile_ranges`` (``Range``s or ``(start, end)`` pairs) sorted; overlaps are a
+    ``ValueError``, anything else a ``TypeError``."""
+    out = []
+    for r in compile_ranges:
+        if isinstance(r, Range):
+            out.append(r)
+        elif isinstance(r, (tuple, list)) and len(r) == 2:
+            out.append(Range(*r))
+        else:
+            raise TypeError(f"compile range must be a Range or a (start, end) pair, got {r!r}")
+    out.sort()
+    for a, b in zip(out, out[1:], strict=False):
+        if b.start <= a.end:
+            raise ValueError(f"compile ranges overlap: {a} and {b}")
+    return out
+
+
+def normalize_sizes(compile_sizes: Iterable[Any]) -> list[int]:
+    """``compile_sizes`` (non-negative ints) sorted, without repeats."""
+    sizes = set()
+    for s in compile_sizes:
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise TypeError(f"compile size must be an int, got {type(s).__name__} {s!r}")
+        if s < 0:
+            raise ValueError(f"compile size must be >= 0, got {s}")
+        sizes.add(s)
+    return sorted(sizes)
