@@ -24,12 +24,14 @@ from fxcodegen.models import ARCHITECTURES
 def _demo(model: str, compiler: str, cache: str, tmp: str, inductor: str) -> dict:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor}
     cmd = [sys.executable, "-m", "fxcodegen", "demo", "--model", model, "--compiler", compiler]
-    cmd += ["--cache-dir", cache, "--iters", "0", "--json", "--code-dir", tmp]
+    cmd += ["--cache-dir", cache, "--iters", "0", "--json", "--code-dir", tmp, "-v"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not line:
         raise SystemExit(f"{model}: demo failed\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return json.loads(line[-1][len("RESULT ") :])
+    result = json.loads(line[-1][len("RESULT ") :])
+    result["misses"] = [ln for ln in proc.stdout.splitlines() if "cache: miss for" in ln]
+    return result
 
 
 def main() -> int:
@@ -39,10 +41,10 @@ def main() -> int:
     args = p.parse_args()
     print(f"compiler {args.compiler}; 2 layers; ranges (1, 16), (17, 128) + size 32\n")
     print(
-        "| model | pieces (splitting) | max abs err | cold first call s | warm first call s "
-        "| cold compiled | warm compiled / loaded |"
+        "| model | pieces (splitting) | max abs err | first call s: cold | warm | warm, new "
+        "machine | compiled: cold | warm | warm, new machine |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for model in args.models:
         with tempfile.TemporaryDirectory(prefix="fxcodegen-real-") as tmp:
             cache = os.path.join(tmp, "cache") if args.compiler == "inductor" else "off"
@@ -60,6 +62,9 @@ def main() -> int:
             f"| {compiled} |",
             flush=True,
         )
+        for r in runs[1:]:
+            for miss in r["misses"]:
+                print(f"  {model}: warm {miss.strip()}", file=sys.stderr, flush=True)
     return 0
 
 
