@@ -132,3 +132,36 @@ def test_backend_arguments_that_cannot_work_fail_at_once(kwargs, exc, match) -> 
         fxcodegen.backend(**kwargs)
     # a size alone is enough
     fxcodegen.backend(splitting_ops=[], compile_ranges=[], compile_sizes=[8])
+
+
+class _ScaledAttention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 48)
+        self.scale = 0.37  # a float attribute: Dynamo makes it an input under dynamic=True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.proj(x).view(1, x.shape[0], 3, 16).unbind(2)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        return a * self.scale + 1.0
+
+
+def test_float_inputs_are_specialised_before_anything_compiles() -> None:
+    torch._dynamo.reset()
+    counters.clear()
+    model = _ScaledAttention().eval()
+    be = fxcodegen.backend(
+        splitting_ops=["aten::scaled_dot_product_attention"], compiler="eager", cache_dir=False
+    )
+    compiled = torch.compile(model, backend=be, dynamic=True)
+    with torch.no_grad():
+        x = torch.randn(7, 16)
+        torch.testing.assert_close(compiled(x), model(x))
+        abandoned = [g for g in be.graphs if g.cache == "abandoned"]
+        used = [g for g in be.graphs if g.cache != "abandoned"]
+        assert len(abandoned) == 1 and abandoned[0].num_entries == 0, be.graphs
+        assert len(used) == 1 and used[0].num_splitting == 1
+        assert counters["compile"] == used[0].num_entries  # nothing compiled for the first trace
+        # the float is baked in, guarded: another value is a new graph, not a wrong result
+        model.scale = 0.5
+        torch.testing.assert_close(compiled(x), model(x))

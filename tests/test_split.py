@@ -142,3 +142,27 @@ def test_split_accepts_op_objects_and_rejects_non_graphs() -> None:
     assert [it.is_splitting_graph for it in items] == [True, False]
     with pytest.raises(TypeError, match="GraphModule"):
         split_graph(torch.nn.Linear(2, 2), [ATTENTION])  # type: ignore[arg-type]
+
+
+def test_a_scalar_used_across_pieces_is_recomputed_where_it_is_used() -> None:
+    def f(x, k):
+        s = k * 2.0  # a Python scalar computed before the splitting op...
+        y = aten.relu.default(x + 1)
+        return y * s, x - s  # ...and used after it (and before it)
+
+    gm = _traced(f)
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            node.meta["example_value"] = torch.randn(3) if node.name == "x" else 3.0
+        elif node.target is operator.mul and node.args[0].name == "k":
+            node.meta["example_value"] = 6.0
+    x = torch.randn(3)
+    want = f(x, 3.0)
+    split_gm, items = split_graph(gm, ["aten::relu"])
+    assert [it.is_splitting_graph for it in items] == [False, True, False]
+    for it in items:  # every piece returns nodes, none of them the scalar
+        out = next(n for n in it.graph.graph.nodes if n.op == "output")
+        assert all(v.target is not operator.mul or v.args[0].name != "k" for v in out.args[0])
+    last = [n for n in items[-1].graph.graph.nodes if n.op == "call_function"]
+    assert any(n.target is operator.mul and n.args[1] == 2.0 for n in last)
+    torch.testing.assert_close(split_gm(x, 3.0), want)

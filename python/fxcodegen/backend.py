@@ -361,16 +361,27 @@ class Backend:
         )
         to_compile = [it for it in items if not it.is_splitting_graph]
 
+        from torch._dynamo.exc import RestartAnalysis
+
         fn = None
-        if self.cache is not None:
-            fn = self._through_cache(record, split_gm, to_compile)
-        elif self.compiler != "inductor":
-            record.cache = "bypassed"
-        if fn is None:
-            pieces, gen = self._compile_and_generate(record, split_gm, to_compile)
-            t0 = time.perf_counter()
-            fn = codegen.compile_execution_fn(gen.code, dict(pieces), gen.submod_names, gen.consts)
-            record.codegen_s += time.perf_counter() - t0
+        try:
+            if self.cache is not None:
+                fn = self._through_cache(record, split_gm, to_compile)
+            elif self.compiler != "inductor":
+                record.cache = "bypassed"
+            if fn is None:
+                pieces, gen = self._compile_and_generate(record, split_gm, to_compile)
+                t0 = time.perf_counter()
+                fn = codegen.compile_execution_fn(
+                    gen.code, dict(pieces), gen.submod_names, gen.consts
+                )
+                record.codegen_s += time.perf_counter() - t0
+        except RestartAnalysis:
+            # A compiler asked Dynamo to trace again (e.g. to specialise a float): what this
+            # graph compiled is thrown away with it.
+            record.cache = "abandoned"
+            log.info("graph %d: abandoned: a compiler asked Dynamo to trace again", record.index)
+            raise
 
         record.compiled = counters["compile"] - before["compile"]
         record.reused = counters["compile_reused"] - before["compile_reused"]
