@@ -31,6 +31,7 @@ from fxcodegen import cache as C
 from fxcodegen import counters
 from fxcodegen.backend import Backend
 from fxcodegen.cache import Artifact, Cache, PieceRecord
+from fxcodegen.cache.keys import fxcodegen_build
 from fxcodegen.toy import ATTENTION_OP, attention, make_decoder
 
 TESTS = Path(__file__).resolve().parent
@@ -96,7 +97,7 @@ def run_child(cache_dir: Path, inductor_dir: Path, **over: Any) -> dict[str, Any
 
 def _build_hash() -> str:
     """The ``fxcodegen_build`` key factor as the files are now (not cached)."""
-    return C._fxcodegen_build.__wrapped__()[1]
+    return fxcodegen_build.__wrapped__()[1]
 
 
 def _skip_if_rebuilt(since: str) -> None:
