@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -177,13 +178,20 @@ class Cache:
             return False
         if not self._temps_swept:
             self._temps_swept = True
-            tidy.stale_temps(self.root, remove=True)
+            with contextlib.suppress(OSError):
+                tidy.stale_temps(self.root, remove=True)
         return True
 
     # locking
     def _acquire(self, key: str, timeout: float | None) -> filelock.BaseFileLock:
         path = self.lock_path(key)
         try:
+            # Whatever filelock's version does with it, a link or a directory in the lock
+            # file's place is never opened (a link would lead the open elsewhere).
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode):
+                    raise trust.UnsafeFileError(path, f"{trust.kind_of(st)}, not a lock file")
             lock = filelock.FileLock(
                 path, timeout=self.lock_timeout if timeout is None else timeout, mode=0o600
             )
