@@ -96,7 +96,7 @@ class StoredInfo:
     error: str | None = None
 
 
-class LockUnavailable(filelock.Timeout):  # noqa: N818 - a kind of filelock.Timeout
+class LockUnavailable(filelock.Timeout):
     """The per-key lock cannot be taken at all: a read-only cache (EROFS, EACCES), or a
     directory or a symbolic link in the lock file's place.
 

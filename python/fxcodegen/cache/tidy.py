@@ -49,7 +49,10 @@ ORPHAN_GRACE_S = 3600.0
 to a store in flight; older, it is an orphan."""
 
 _SWEEP_OPEN_FLAGS = (
-    os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | os.O_CLOEXEC
+    os.O_RDWR
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
 )
 
 
