@@ -10,6 +10,7 @@ it owes nothing to Inductor's cache.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from fxcodegen import cache as C
 from fxcodegen import counters
 from fxcodegen.backend import Backend
 from fxcodegen.cache import Artifact, Cache, PieceRecord
+from fxcodegen.cache.keys import fxcodegen_build
 from fxcodegen.toy import ATTENTION_OP, attention, make_decoder
 
 TESTS = Path(__file__).resolve().parent
@@ -96,7 +98,7 @@ def run_child(cache_dir: Path, inductor_dir: Path, **over: Any) -> dict[str, Any
 
 def _build_hash() -> str:
     """The ``fxcodegen_build`` key factor as the files are now (not cached)."""
-    return C._fxcodegen_build.__wrapped__()[1]
+    return fxcodegen_build.__wrapped__()[1]
 
 
 def _skip_if_rebuilt(since: str) -> None:
@@ -406,6 +408,78 @@ def test_damaged_artifacts_heal_through_the_backend(
     assert counters["compile"] == 0 and counters["codegen"] == 0
     assert counters["artifact_loaded"] == DISTINCT_ENTRIES
     assert _warnings(caplog) == []
+
+
+@pytest.mark.slow
+def test_read_only_cache_never_fails_torch_compile(
+    inductor_env: Shared,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A cache on a read-only file system (an image baked before the model changed): every
+    open for writing there, lock files included, fails with EROFS (injected on top of the
+    real system calls and the real filelock). Hits load; a miss and a heal compile without
+    the cache, each backend warning once about the lock."""
+    caplog.set_level(logging.INFO, logger="fxcodegen")
+    root = tmp_path / "cache"
+    be = _compile(root)
+    assert be.graphs[0].cache == "miss"
+    key = be.graphs[0].cache_key
+    cache = Cache(root)
+    good = cache.load(key)
+    assert good is not None
+    real_open = os.open
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+
+    def read_only(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(path).startswith(str(root)) and flags & writing:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+
+    caplog.clear()
+    assert _compile(root).graphs[0].cache == "hit"
+    assert _warnings(caplog) == []
+
+    caplog.clear()
+    counters.clear()
+    be = _compile(root, ranges=[[1, 16]])  # another key: a miss (outputs checked inside)
+    assert be.graphs[0].cache == "miss" and be.graphs[0].compiled == DISTINCT_ENTRIES
+    warned = [w for w in _warnings(caplog) if w.startswith("fxcodegen cache")]
+    assert len(warned) == 1 and "lock" in warned[0] and "Read-only" in warned[0], warned
+
+    # A checksum-valid artifact that does not load: the heal compiles without the cache.
+    monkeypatch.setattr(os, "open", real_open)
+    bad = Artifact(
+        code=good.code,
+        submod_names=good.submod_names,
+        consts=good.consts,
+        pieces=[
+            PieceRecord(
+                name=p.name,
+                entries={label: b"not an inductor artifact" for label in p.entries},
+                sym_shape_indices=p.sym_shape_indices,
+                returns_tuple=p.returns_tuple,
+            )
+            for p in good.pieces
+        ],
+    )
+    assert cache.store(key, good.factors, bad) is not None
+    monkeypatch.setattr(os, "open", read_only)
+    caplog.clear()
+    be = _compile(root)
+    assert be.graphs[0].cache == "healed"
+    warned = _warnings(caplog)
+    assert [w for w in warned if "lock" in w and "Read-only" in w] != [], warned
+    ours = [w for w in warned if w.startswith("fxcodegen cache")]
+    assert len(ours) == 2, warned  # the unusable artifact, and the lock
+    left = cache.load(key)  # read-only: nothing was replaced
+    assert left is not None
+    assert {bytes(v) for p in left.pieces for v in p.entries.values()} == {
+        b"not an inductor artifact"
+    }
 
 
 @pytest.mark.slow

@@ -22,7 +22,8 @@ import pytest
 from conftest import host_details_in
 from fxcodegen import cache as C
 from fxcodegen import cache_cli
-from fxcodegen.cache import Artifact, Cache, CacheError, PieceRecord, load_artifact
+from fxcodegen.cache import Artifact, Cache, CacheError, PieceRecord, load_artifact, tidy, trust
+from fxcodegen.cache import format as fmt
 
 TESTS = Path(__file__).resolve().parent
 PKG_PARENT = Path(C.__file__).resolve().parents[1]
@@ -163,7 +164,7 @@ def test_blobs_are_stored_once_per_content(cache: Cache) -> None:
 def test_code_object_from_other_python_falls_back_to_source(
     cache: Cache, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(C, "_code_tag", lambda: "cpython-399:0d0d0d0a")
+    monkeypatch.setattr(fmt, "code_tag", lambda: "cpython-399:0d0d0d0a")
     cache.store(KEY, FACTORS, make_artifact())
     monkeypatch.undo()
     caplog.set_level(logging.INFO, logger="fxcodegen")
@@ -181,7 +182,7 @@ def test_older_format_without_pool_loads_with_consts_none(cache: Cache) -> None:
     data, blobs = C.encode_artifact(old, KEY, FACTORS, version=1)
     assert not blobs
     cache.usable()  # creates the directory
-    C._atomic_write(cache.artifact_path(KEY), data)
+    tidy.atomic_write(cache.artifact_path(KEY), data)
     art = cache.load(KEY)
     assert art is not None
     assert art.format_version == 1
@@ -217,15 +218,15 @@ def _flip(data: bytes, pos: int) -> bytes:
 
 
 def _with_version(data: bytes, version: int) -> bytes:
-    magic, _, length, digest = C._HEADER.unpack_from(data)
-    return C._HEADER.pack(magic, version, length, digest) + data[C._HEADER.size :]
+    magic, _, length, digest = fmt.HEADER.unpack_from(data)
+    return fmt.HEADER.pack(magic, version, length, digest) + data[fmt.HEADER.size :]
 
 
 DAMAGE = {
     "truncated": (lambda d: d[: len(d) // 2], "truncated"),
     "truncated-header": (lambda d: d[:10], "truncated header"),
     "bit-flip-payload": (lambda d: _flip(d, len(d) - 7), "checksum mismatch"),
-    "bit-flip-digest": (lambda d: _flip(d, C._HEADER.size - 1), "checksum mismatch"),
+    "bit-flip-digest": (lambda d: _flip(d, fmt.HEADER.size - 1), "checksum mismatch"),
     "bit-flip-magic": (lambda d: _flip(d, 0), "bad magic"),
     "empty": (lambda d: b"", "empty file"),
     "wrong-version": (lambda d: _with_version(d, 99), "unknown format version 99"),
@@ -272,15 +273,15 @@ def test_unreadable_artifact_is_a_warned_miss_and_heals(
     assert path is not None
     bad_inode = os.stat(path).st_ino
     os.chmod(path, 0)
-    real_read = C._read_file
+    real_read = trust.read_file
 
-    def read(p: Path):
+    def read(p: Path, **kwargs):
         # chmod 000 does not stop root: make the damaged inode unreadable for anyone.
         if Path(p) == path and os.stat(p).st_ino == bad_inode:
             raise PermissionError(13, "Permission denied", str(p))
-        return real_read(p)
+        return real_read(p, **kwargs)
 
-    monkeypatch.setattr(C, "_read_file", read)
+    monkeypatch.setattr(trust, "read_file", read)
     with pytest.raises(CacheError, match="unreadable"):
         load_artifact(path)
     caplog.clear()
@@ -598,6 +599,12 @@ def test_miss_explanation_names_the_differing_factor(
     assert "compiler" not in lines[0].replace("compile_ranges", "")
 
 
+def backdate(p: Path, seconds: float = 2 * tidy.ORPHAN_GRACE_S) -> None:
+    """Make ``p`` look last written ``seconds`` ago (without following a link)."""
+    t = time.time() - seconds
+    os.utime(p, (t, t), follow_symlinks=False)
+
+
 def _mode(p: Path) -> int:
     return stat.S_IMODE(os.stat(p).st_mode)
 
@@ -726,9 +733,14 @@ def test_cli_default_dir_from_env(
 
 def test_verify_reports_insecure_and_orphans(cache: Cache) -> None:
     cache.store(KEY, FACTORS, make_artifact())
-    (cache.root / "blobs" / ("0" * 64)).write_bytes(C._encode_blob(b"x"))
+    orphan = cache.root / "blobs" / ("0" * 64)
+    orphan.write_bytes(fmt.encode_blob(b"x"))
     os.chmod(cache.artifact_path(KEY), 0o620)
     problems = {(p.name, r.split(" (")[0]) for p, r in cache.verify()}
     assert (f"{KEY}.fxc", "writable by others") in problems
     assert ("0" * 64, "blob checksum mismatch") in problems
+    # A fresh unreferenced blob may belong to a store in flight; an old one is an orphan.
+    assert ("0" * 64, "unreferenced blob") not in problems
+    backdate(orphan)
+    problems = {(p.name, r.split(" (")[0]) for p, r in cache.verify()}
     assert ("0" * 64, "unreferenced blob") in problems

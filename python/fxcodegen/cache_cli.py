@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import stat
 import sys
 
 from fxcodegen.cache import Cache, CacheError, resolve_cache_dir
@@ -64,7 +65,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
             f"entries={info.entries}  {factors}"
         )
     if keys:
-        on_disk = sum(p.stat().st_size for p in cache.root.rglob("*") if p.is_file())
+        sizes = (p.lstat() for p in cache.root.rglob("*"))
+        on_disk = sum(st.st_size for st in sizes if stat.S_ISREG(st.st_mode))
         print(f"{_human(on_disk)} on disk ({_human(total)} if blobs were not shared)")
     return 0
 
