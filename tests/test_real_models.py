@@ -150,7 +150,7 @@ def _demo(model: str, cache_dir: str, tmp: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "phi3"])
 def test_inductor_matches_eager_and_warm_start_compiles_nothing(name: str, tmp_path) -> None:
     cache = str(tmp_path / "cache")
     cold = _demo(name, cache, str(tmp_path / "cold"))

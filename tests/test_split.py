@@ -6,6 +6,7 @@ import pytest
 import torch
 from _piecewise_helpers import ATTENTION, capture
 from fxcodegen import SplitItem, split_graph
+from fxcodegen.split import dense_in_order
 from fxcodegen.toy import attention, make_decoder
 
 aten = torch.ops.aten
@@ -38,8 +39,10 @@ def test_split_toy_decoder_alternates_pieces(decoder_capture) -> None:
         assert it.graph is split_gm.get_submodule(it.submod_name)
         assert _outputs_are_tuples(it.graph)
         if it.is_splitting_graph:
-            (node,) = _compute_nodes(it.graph)
+            # the op, then the layout its example value promises (dense_in_order)
+            node, layout = _compute_nodes(it.graph)
             assert node.target in (attention, attention.default)
+            assert layout.target is dense_in_order and layout.args[0] is node
         else:
             assert all(
                 n.target not in (attention, attention.default) for n in _compute_nodes(it.graph)
@@ -166,3 +169,32 @@ def test_a_scalar_used_across_pieces_is_recomputed_where_it_is_used() -> None:
     last = [n for n in items[-1].graph.graph.nodes if n.op == "call_function"]
     assert any(n.target is operator.mul and n.args[1] == 2.0 for n in last)
     torch.testing.assert_close(split_gm(x, 3.0), want)
+
+
+def test_dense_in_order_copies_only_a_tensor_laid_out_otherwise() -> None:
+    from fxcodegen.split import dense_in_order
+
+    x = torch.randn(2, 3, 4)
+    assert dense_in_order(x, (2, 1, 0)) is x  # contiguous is innermost-last
+    t = torch.randn(2, 4, 3).transpose(1, 2)  # what CPU attention returns
+    fixed = dense_in_order(t, (2, 1, 0))
+    assert fixed.is_contiguous() and fixed.data_ptr() != t.data_ptr()
+    torch.testing.assert_close(fixed, t)
+    assert dense_in_order(t, (1, 2, 0)) is t
+
+
+def test_tensors_leaving_a_splitting_piece_get_the_layout_of_their_example_value() -> None:
+    from fxcodegen.split import dense_in_order
+
+    def f(x):
+        y = aten.relu.default(x)
+        return y + 1
+
+    gm = _traced(f)
+    for node in gm.graph.nodes:
+        if node.op != "output":
+            node.meta["example_value"] = torch.empty(2, 3)
+    _, items = split_graph(gm, ["aten::relu"])
+    splitting = next(it for it in items if it.is_splitting_graph)
+    targets = [n.target for n in splitting.graph.graph.nodes if n.op == "call_function"]
+    assert targets == [aten.relu.default, dense_in_order]

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.fx.passes.split_module import split_module
 
-__all__ = ["SplitItem", "SplittingOps", "resolve_splitting_ops", "split_graph"]
+__all__ = ["SplitItem", "SplittingOps", "dense_in_order", "resolve_splitting_ops", "split_graph"]
 
 log = logging.getLogger("fxcodegen")
 
@@ -268,6 +268,71 @@ def _position(graph: torch.fx.Graph) -> Callable[[torch.fx.Node], int]:
     return order.__getitem__
 
 
+def dense_in_order(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """``t`` when its strides are those of a dense tensor whose dimensions are laid out in
+    ``order`` (innermost first), else a copy laid out so."""
+    stride = [0] * t.dim()
+    step = 1
+    for d in order:
+        stride[d] = step
+        step *= t.shape[d]
+    if list(t.stride()) == stride:
+        return t
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
+def _hint(d: Any) -> int | None:
+    if isinstance(d, torch.SymInt):
+        hint = d.node.hint
+        return hint if isinstance(hint, int) else None
+    return int(d)
+
+
+def _dense_order(value: Any) -> tuple[int, ...] | None:
+    """The dimension order (innermost first) of a dense strided example tensor, else None."""
+    if not isinstance(value, torch.Tensor) or value.layout != torch.strided or value.dim() == 0:
+        return None
+    # Hints, read without guarding: int() of a SymInt would specialise the graph on it.
+    shape = [_hint(d) for d in value.shape]
+    strides = [_hint(d) for d in value.stride()]
+    if None in shape or None in strides:
+        return None
+    order = tuple(sorted(range(len(shape)), key=lambda d: (strides[d], -d)))  # type: ignore[index]
+    step = 1
+    for d in order:
+        if strides[d] != step and shape[d] != 1:
+            return None
+        step *= shape[d]
+    return order
+
+
+def _fix_layouts(
+    gm: torch.fx.GraphModule, piece_of: dict[torch.fx.Node, int], splitting_ids: set[int]
+) -> None:
+    """A compiled piece checks that each input tensor has the strides of its example value.
+    An op run eagerly in a splitting piece may return other strides than its meta kernel
+    says (CPU attention returns ``(batch, tokens, heads, dim)`` memory seen as ``(batch,
+    heads, tokens, dim)``), so every tensor a splitting piece hands to another piece goes
+    through :func:`dense_in_order`, which copies only when the layouts differ."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        piece = piece_of.get(node)
+        if piece not in splitting_ids:
+            continue
+        outside = [u for u in node.users if piece_of.get(u, -1) != piece]
+        value = node.meta.get("example_value", node.meta.get("val"))
+        order = _dense_order(value)
+        if not outside or order is None:
+            continue
+        with graph.inserting_after(node):
+            fixed = graph.call_function(dense_in_order, (node, order))
+        fixed.meta = dict(node.meta)
+        piece_of[fixed] = piece
+        for user in outside:
+            user.replace_input_with(node, fixed)
+
+
 _HAS_TUPLE_RETURN = "tuple_return" in inspect.signature(split_module).parameters
 
 
@@ -325,6 +390,7 @@ def split_graph(
             log.warning("fxcodegen: splitting op %s matches no node of %s", name, graph_name)
 
     _recompute_scalars(gm, piece_of, splitting_nodes)
+    _fix_layouts(gm, piece_of, splitting_ids)
     gm.recompile()
 
     kwargs: dict[str, Any] = {"keep_original_order": True}
