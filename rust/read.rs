@@ -22,6 +22,8 @@ struct Types {
     device: Py<PyType>,
     graph_module: Py<PyType>,
     getitem: Py<PyAny>,
+    /// `torch.fx.Graph.nodes`, the property.
+    nodes_property: Py<PyAny>,
 }
 
 static TYPES: PyOnceLock<Types> = PyOnceLock::new();
@@ -43,6 +45,7 @@ impl Types {
                 device: ty("torch", "device")?,
                 graph_module: ty("torch.fx", "GraphModule")?,
                 getitem: py.import("operator")?.getattr("getitem")?.unbind(),
+                nodes_property: py.import("torch.fx")?.getattr("Graph")?.getattr("nodes")?.unbind(),
             })
         })
     }
@@ -199,19 +202,16 @@ impl<'py> Reader<'py> {
         }
         let gi = self.prog.graphs.len() as u32;
         self.prog.graphs.push(Graph::default());
-        let list = gm
-            .getattr(intern!(py, "graph"))?
-            .getattr(intern!(py, "nodes"))?;
-        let n = list.len().unwrap_or(0);
+        let list = self.node_list(&gm.getattr(intern!(py, "graph"))?)?;
+        let n = list.len();
         let mut nodes: Vec<Node> = Vec::with_capacity(n);
         let mut index: FxHashMap<usize, u32> = FxHashMap::default();
         index.reserve(n);
         self.prog.args.reserve(4 * n);
         self.prog.text.reserve(16 * n);
-        for node in list.try_iter()? {
-            let node = node?;
+        for node in &list {
             let ctx = Ctx {
-                node: &node,
+                node,
                 index: &index,
             };
             let op_obj = node.getattr(intern!(py, "op"))?;
@@ -228,7 +228,7 @@ impl<'py> Reader<'py> {
                 Ok(Ok(s)) => self.prog.push_str(s),
                 _ => return Err(node_error(&node, Reason::NameNotStr)),
             };
-            let target = self.target(gm, &node, op, name, prefix, depth)?;
+            let target = self.target(gm, node, op, name, prefix, depth)?;
             let args_obj = node.getattr(intern!(py, "_args"))?;
             let kwargs_obj = node.getattr(intern!(py, "_kwargs"))?;
             let args = args_obj
@@ -268,6 +268,38 @@ impl<'py> Reader<'py> {
         }
         self.prog.graphs[gi as usize] = Graph { nodes };
         Ok(gi)
+    }
+
+    /// A graph's nodes. fx's own linked list is walked here, not by fx's iterator, which follows
+    /// any object as a link (a str in `_next` crashes it) and loops forever on a cycle; a graph
+    /// whose `nodes` is not fx's property is iterated.
+    fn node_list(&self, graph: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let py = self.py;
+        let nodes = graph.getattr(intern!(py, "nodes"))?;
+        let n = nodes.len().unwrap_or(0);
+        let own = graph.get_type().getattr(intern!(py, "nodes"))?;
+        if !own.is(self.t.nodes_property.bind(py)) {
+            return nodes.try_iter()?.collect();
+        }
+        let root = graph.getattr(intern!(py, "_root"))?;
+        let mut list = Vec::with_capacity(n);
+        let mut node = root.getattr(intern!(py, "_next"))?;
+        // Far more links than the graph's nodes and any erased ones still linked.
+        for _ in 0..4 * n + 1024 {
+            if node.is(&root) {
+                return Ok(list);
+            }
+            if !node.is_instance(self.t.node.bind(py))? {
+                break;
+            }
+            let next = node.getattr(intern!(py, "_next"))?;
+            // A node erased while still linked (as while fx changes a graph) is skipped.
+            if !node.getattr(intern!(py, "_erased"))?.is_truthy()? {
+                list.push(node);
+            }
+            node = next;
+        }
+        Err(Error::Invalid(Reason::BrokenNodeList).into())
     }
 
     fn key(&mut self, key: &Bound<'py, PyAny>, ctx: &Ctx<'_, 'py>) -> PyResult<Arg> {
@@ -331,14 +363,18 @@ impl<'py> Reader<'py> {
                     true => name,
                     false => self.prog.push_str(&qual),
                 };
-                let kind = match child.is_instance(self.t.graph_module.bind(self.py))? {
-                    true => SubmodKind::Inline(self.inline(&child, &qual, depth)?),
-                    false => SubmodKind::Opaque,
-                };
-                self.prog.submods.push(Submod { name: span, kind });
+                // Registered before an inlined child's graph is read, which adds its own.
+                self.prog.submods.push(Submod {
+                    name: span,
+                    kind: SubmodKind::Opaque,
+                });
                 let same = prefix.is_empty() && t.is_exact_instance_of::<PyString>();
                 self.submod_names.push(same.then_some(t));
-                self.submods.insert(qual, i);
+                self.submods.insert(qual.clone(), i);
+                if child.is_instance(self.t.graph_module.bind(self.py))? {
+                    let g = self.inline(&child, &qual, depth)?;
+                    self.prog.submods[i as usize].kind = SubmodKind::Inline(g);
+                }
                 Target::Submod(i)
             }
             Op::CallFunction => {

@@ -534,62 +534,6 @@ def _two_targets_gm() -> fx.GraphModule:
     return raw_gm(g)
 
 
-def test_resolver_answers_are_kept_across_calls() -> None:
-    from fxcodegen import _core
-    from fxcodegen.codegen import _resolve_target
-
-    asked: list[Any] = []
-
-    def resolver(obj: Any) -> str | None:
-        asked.append(obj)
-        return _resolve_target(obj)
-
-    gm = _two_targets_gm()
-    first = _core.generate(gm, resolver, "native", "execution_fn", True)
-    assert {id(o) for o in asked} == {id(operator.mul), id(user_fn)}
-    asked.clear()
-    # A kept name is used again; a target that went to the pool is asked about again.
-    again = _core.generate(gm, resolver, "native", "execution_fn", True)
-    assert [id(o) for o in asked] == [id(user_fn)] and again[0] == first[0]
-    assert "operator.mul(" in again[0] and any(c is user_fn for c in again[2])
-    # Names are kept per resolver: another resolver object is asked.
-    asked.clear()
-    other = lambda obj: asked.append(obj) or _resolve_target(obj)  # noqa: E731
-    assert _core.generate(gm, other, "native", "execution_fn", True)[0] == first[0]
-    assert len(asked) == 2
-
-
-class _ReenteringResolver:
-    """A resolver whose finalizer generates code: dropping it must not happen while the core
-    holds its table of kept names (it would deadlock re-entering it)."""
-
-    finalized = 0
-
-    def __call__(self, obj: Any) -> str | None:
-        from fxcodegen.codegen import _resolve_target
-
-        return _resolve_target(obj)
-
-    def __del__(self) -> None:
-        fxcodegen.generate(_two_targets_gm())
-        type(self).finalized += 1
-
-
-# A deadlock holds no Python frame that a signal could interrupt: time out from a thread.
-@pytest.mark.timeout(120, method="thread")
-def test_kept_names_are_dropped_outside_their_lock() -> None:
-    from fxcodegen import _core
-
-    gm = _two_targets_gm()
-    # Each resolver's last reference is the entry of the name it gave; once the table holds
-    # 4,096 entries (within 4,097 new ones, whatever it held before) they are all dropped, and
-    # with them the resolvers.
-    for _ in range(4097):
-        _core.generate(gm, _ReenteringResolver(), "native", "execution_fn", True)
-    gc.collect()
-    assert _ReenteringResolver.finalized > 0
-
-
 def test_kept_names_are_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
     gm = _two_targets_gm()
     mul = operator.mul
