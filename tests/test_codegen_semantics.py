@@ -1422,3 +1422,93 @@ def test_malformed_node_fields_name_the_node(field: str, value: Any, message: st
     with pytest.raises(CodegenError, match=message) as info:
         fxcodegen.generate(gm)
     assert "add" in str(info.value)
+
+
+# ------------------------------------------------------------------ clear errors on bad input
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_generate_of_a_non_graph_module_is_a_type_error(surface: str) -> None:
+    for bad in (42, None, "gm", torch.nn.Linear(1, 1)):
+        with pytest.raises(TypeError, match="expected a torch.fx.GraphModule") as info:
+            generate_surface(bad, surface)  # type: ignore[arg-type]
+        assert type(bad).__name__ in str(info.value)
+    with pytest.raises(TypeError, match="expected a torch.fx.GraphModule"):
+        fxcodegen.serialize(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="expected a torch.fx.GraphModule"):
+        fxcodegen.build(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_an_int_over_4300_digits_is_pooled(surface: str) -> None:
+    huge = 10**5000 + 7
+    g = fx.Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(operator.add, (x, huge)))
+    gm = raw_gm(g, fx_codegen=False)
+    code, _, consts = generate_surface(gm, surface)
+    assert any(c is huge for c in consts) and "1000000000" not in code
+    assert compile_surface(gm, surface)(1) == huge + 1
+    # The serialized node list refers to it by pool slot, and emits the same code.
+    assert fxcodegen.emit(fxcodegen.serialize(gm))[0] == fxcodegen.generate(gm).code
+    # One of 4,300 digits is still written as a literal.
+    g = fx.Graph()
+    g.output(g.call_function(operator.neg, (10**4299,)))
+    code, _, consts = generate_surface(raw_gm(g, fx_codegen=False), surface)
+    assert "1" + "0" * 4299 in code and consts == []
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_a_string_call_target_is_a_clear_error(surface: str) -> None:
+    g = fx.Graph()
+    x = g.placeholder("x")
+    call = g.call_function(torch.add, (x, x))
+    call.name = "by_name"
+    call.target = "torch.add"  # fx checks the target only when the node is made
+    g.output(call)
+    gm = raw_gm(g, fx_codegen=False)
+    with pytest.raises(CodegenError, match='target is the str "torch.add"') as info:
+        generate_surface(gm, surface)
+    assert "by_name" in str(info.value)
+    with pytest.raises(CodegenError, match="not a callable"):
+        fxcodegen.serialize(gm)
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_a_placeholder_default_that_is_a_node_is_a_clear_error(surface: str) -> None:
+    g = fx.Graph()
+    x = g.placeholder("x")
+    y = g.placeholder("y", default_value=x)
+    g.output(g.call_function(operator.add, (x, y)))
+    gm = raw_gm(g, fx_codegen=False)
+    with pytest.raises(CodegenError, match="default refers to node \"x\"") as info:
+        generate_surface(gm, surface)
+    assert '"y"' in str(info.value)
+    with pytest.raises(CodegenError, match="default refers to node"):
+        fxcodegen.serialize(gm)
+    with pytest.raises(CodegenError, match="default refers to node"):
+        fxcodegen.build(gm)
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_one_child_called_under_several_names_is_defined_once(surface: str) -> None:
+    child = fx.GraphModule(torch.nn.Module(), _neg_graph())
+    root = torch.nn.Module()
+    for name in ("a", "b", "c"):
+        root.add_module(name, child)
+    g = fx.Graph()
+    h = g.placeholder("x")
+    for name in ("a", "b", "c", "a"):
+        h = g.call_module(name, (h,))
+    g.output(h)
+    gm = fx.GraphModule(root, g)
+    code, names, _ = generate_surface(gm, surface)
+    assert names == ["a", "b", "c"]
+    assert code.count("def __") == 1, code
+    assert compile_surface(gm, surface)(torch.tensor(2.0)).item() == 2.0
+
+
+def _neg_graph() -> fx.Graph:
+    g = fx.Graph()
+    g.output(g.call_function(operator.neg, (g.placeholder("x"),)))
+    return g
