@@ -122,6 +122,7 @@ pub fn emit_into(p: &Program, layout: &Layout, out: String) -> String {
         out,
         fn_of: functions(p),
         params: FxHashMap::default(),
+        floats: Floats::default(),
     };
     if layout.header {
         e.out.push_str("import torch\nimport operator\n");
@@ -197,6 +198,7 @@ struct Emitter<'a> {
     fn_of: Vec<Option<u32>>,
     /// `(traced parameter name, identifier)` of an inlined child's placeholders, by graph.
     params: FxHashMap<u32, Rc<Vec<(String, String)>>>,
+    floats: Floats,
 }
 
 /// The identifier keyword `key` is passed under, or None to pass it through `**{...}`: for an
@@ -512,12 +514,22 @@ impl<'a> Emitter<'a> {
     }
 
     fn p_arg(&mut self, a: Arg, names: &Names) {
-        p_arg(&mut self.out, self.p, self.layout.style, a, names);
+        p_arg(
+            &mut self.out,
+            &mut self.floats,
+            self.p,
+            self.layout.style,
+            a,
+            names,
+        );
     }
 }
 
+/// Float texts by bits.
+type Floats = FxHashMap<u64, Box<str>>;
+
 /// One argument value as generated code writes it.
-fn p_arg(out: &mut String, p: &Program, style: Style, a: Arg, names: &Names) {
+fn p_arg(out: &mut String, floats: &mut Floats, p: &Program, style: Style, a: Arg, names: &Names) {
     match a {
         Arg::Node(i) => out.push_str(names.get(i)),
         Arg::None => out.push_str("None"),
@@ -525,7 +537,16 @@ fn p_arg(out: &mut String, p: &Program, style: Style, a: Arg, names: &Names) {
         Arg::Int(v) => literal::int(out, v as i64),
         Arg::Long(k) => literal::int(out, p.number(k) as i64),
         Arg::BigInt(k) => out.push_str(p.str(p.span(k))),
-        Arg::Float(k) => literal::float(out, p.float_of(k)),
+        Arg::Float(k) => {
+            // Floats repeat (scales, epsilons): each distinct one is formatted once.
+            let v = p.float_of(k);
+            let text = floats.entry(v.to_bits()).or_insert_with(|| {
+                let mut t = String::new();
+                literal::float(&mut t, v);
+                t.into_boxed_str()
+            });
+            out.push_str(text);
+        }
         Arg::Str(k) => literal::str_repr(out, p.str(p.span(k))),
         Arg::Bytes(k) => literal::bytes_repr(out, p.raw(p.span(k))),
         Arg::Const(k) => {
@@ -545,7 +566,7 @@ fn p_arg(out: &mut String, p: &Program, style: Style, a: Arg, names: &Names) {
                 if n > 0 {
                     out.push_str(", ");
                 }
-                p_arg(out, p, style, item, names);
+                p_arg(out, floats, p, style, item, names);
             }
             out.push_str(match (tuple, items.len()) {
                 (true, 1) => ",)",
@@ -559,9 +580,9 @@ fn p_arg(out: &mut String, p: &Program, style: Style, a: Arg, names: &Names) {
                 if n > 0 {
                     out.push_str(", ");
                 }
-                p_arg(out, p, style, kv[0], names);
+                p_arg(out, floats, p, style, kv[0], names);
                 out.push_str(": ");
-                p_arg(out, p, style, kv[1], names);
+                p_arg(out, floats, p, style, kv[1], names);
             }
             out.push('}');
         }
@@ -571,7 +592,7 @@ fn p_arg(out: &mut String, p: &Program, style: Style, a: Arg, names: &Names) {
 /// One value as it would appear in generated code (vLLM's `_node_ref`).
 pub fn format_arg(p: &Program, a: Arg, names: &Names, style: Style) -> String {
     let mut out = String::new();
-    p_arg(&mut out, p, style, a, names);
+    p_arg(&mut out, &mut Floats::default(), p, style, a, names);
     out
 }
 

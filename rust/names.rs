@@ -16,28 +16,7 @@ pub struct Reserved<'a> {
 
 impl Reserved<'_> {
     pub fn is_reserved(&self, s: &str) -> bool {
-        s.starts_with(self.prefix) || s == self.fn_name || taken(s)
-    }
-}
-
-/// Bit `n` of `FIRST_LEN[c]` is set when a taken word starts with byte `c` and is `n` bytes
-/// long: most node names share neither with any, and are ruled out by one table load.
-static FIRST_LEN: std::sync::OnceLock<[u32; 128]> = std::sync::OnceLock::new();
-
-fn taken(s: &str) -> bool {
-    let table = FIRST_LEN.get_or_init(|| {
-        let mut t = [0u32; 128];
-        for w in pyident::ALL_TAKEN.iter().flat_map(|l| l.iter()) {
-            t[w.as_bytes()[0] as usize & 127] |= 1 << w.len().min(31);
-        }
-        t
-    });
-    let b = s.as_bytes();
-    match b.first() {
-        Some(&c) if c < 128 && b.len() < 31 && table[c as usize] & (1 << b.len()) != 0 => {
-            pyident::is_taken(s)
-        }
-        _ => false,
+        s.starts_with(self.prefix) || s == self.fn_name || pyident::is_taken(s)
     }
 }
 

@@ -1,44 +1,6 @@
 //! Python's identifier rules, keywords and builtins, and which call names generated code may
 //! write: data and pure functions.
 
-/// Python 3.11's keywords and soft keywords (`_` excluded).
-#[rustfmt::skip]
-const KEYWORDS: &[&str] = &[
-    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "case", "class",
-    "continue", "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if",
-    "import", "in", "is", "lambda", "match", "nonlocal", "not", "or", "pass", "raise", "return",
-    "try", "while", "with", "yield",
-];
-
-/// `dir(builtins)` on CPython 3.11, sorted.
-#[rustfmt::skip]
-const BUILTINS: &[&str] = &[
-    "ArithmeticError", "AssertionError", "AttributeError", "BaseException", "BaseExceptionGroup",
-    "BlockingIOError", "BrokenPipeError", "BufferError", "BytesWarning", "ChildProcessError",
-    "ConnectionAbortedError", "ConnectionError", "ConnectionRefusedError", "ConnectionResetError",
-    "DeprecationWarning", "EOFError", "Ellipsis", "EncodingWarning", "EnvironmentError",
-    "Exception", "ExceptionGroup", "False", "FileExistsError", "FileNotFoundError",
-    "FloatingPointError", "FutureWarning", "GeneratorExit", "IOError", "ImportError",
-    "ImportWarning", "IndentationError", "IndexError", "InterruptedError", "IsADirectoryError",
-    "KeyError", "KeyboardInterrupt", "LookupError", "MemoryError", "ModuleNotFoundError",
-    "NameError", "None", "NotADirectoryError", "NotImplemented", "NotImplementedError", "OSError",
-    "OverflowError", "PendingDeprecationWarning", "PermissionError", "ProcessLookupError",
-    "RecursionError", "ReferenceError", "ResourceWarning", "RuntimeError", "RuntimeWarning",
-    "StopAsyncIteration", "StopIteration", "SyntaxError", "SyntaxWarning", "SystemError",
-    "SystemExit", "TabError", "TimeoutError", "True", "TypeError", "UnboundLocalError",
-    "UnicodeDecodeError", "UnicodeEncodeError", "UnicodeError", "UnicodeTranslateError",
-    "UnicodeWarning", "UserWarning", "ValueError", "Warning", "ZeroDivisionError",
-    "__build_class__", "__debug__", "__doc__", "__import__", "__loader__", "__name__",
-    "__package__", "__spec__", "abs", "aiter", "all", "anext", "any", "ascii", "bin", "bool",
-    "breakpoint", "bytearray", "bytes", "callable", "chr", "classmethod", "compile", "complex",
-    "copyright", "credits", "delattr", "dict", "dir", "divmod", "enumerate", "eval", "exec",
-    "exit", "filter", "float", "format", "frozenset", "getattr", "globals", "hasattr", "hash",
-    "help", "hex", "id", "input", "int", "isinstance", "issubclass", "iter", "len", "license",
-    "list", "locals", "map", "max", "memoryview", "min", "next", "object", "oct", "open", "ord",
-    "pow", "print", "property", "quit", "range", "repr", "reversed", "round", "set", "setattr",
-    "slice", "sorted", "staticmethod", "str", "sum", "super", "tuple", "type", "vars", "zip",
-];
-
 /// Globals the generated module binds besides the builtins.
 pub const MODULE_GLOBALS: &[&str] = &["torch", "operator", "__builtins__"];
 
@@ -68,23 +30,62 @@ const SAFE_BUILTINS: &[&str] = &[
     "sorted", "str", "sum", "tuple",
 ];
 
-/// Every word [`is_taken`] accepts, by list.
-pub const ALL_TAKEN: [&[&str]; 3] = [KEYWORDS, BUILTINS, MODULE_GLOBALS];
-
 /// CPython's default limit on the digits of an int literal (`sys.get_int_max_str_digits()`).
 pub const MAX_INT_DIGITS: usize = 4300;
 
+/// Python 3.11's keywords and soft keywords (`_` excluded).
+#[rustfmt::skip]
 pub fn is_keyword(s: &str) -> bool {
-    KEYWORDS.contains(&s)
+    matches!(
+        s,
+        "False" | "None" | "True" | "and" | "as" | "assert" | "async" | "await" | "break" |
+        "case" | "class" | "continue" | "def" | "del" | "elif" | "else" | "except" | "finally" |
+        "for" | "from" | "global" | "if" | "import" | "in" | "is" | "lambda" | "match" |
+        "nonlocal" | "not" | "or" | "pass" | "raise" | "return" | "try" | "while" | "with" |
+        "yield"
+    )
 }
 
+/// `dir(builtins)` on CPython 3.11.
+#[rustfmt::skip]
 pub fn is_builtin(s: &str) -> bool {
-    BUILTINS.binary_search(&s).is_ok()
+    matches!(
+        s,
+        "ArithmeticError" | "AssertionError" | "AttributeError" | "BaseException" |
+        "BaseExceptionGroup" | "BlockingIOError" | "BrokenPipeError" | "BufferError" |
+        "BytesWarning" | "ChildProcessError" | "ConnectionAbortedError" | "ConnectionError" |
+        "ConnectionRefusedError" | "ConnectionResetError" | "DeprecationWarning" | "EOFError" |
+        "Ellipsis" | "EncodingWarning" | "EnvironmentError" | "Exception" | "ExceptionGroup" |
+        "False" | "FileExistsError" | "FileNotFoundError" | "FloatingPointError" |
+        "FutureWarning" | "GeneratorExit" | "IOError" | "ImportError" | "ImportWarning" |
+        "IndentationError" | "IndexError" | "InterruptedError" | "IsADirectoryError" | "KeyError" |
+        "KeyboardInterrupt" | "LookupError" | "MemoryError" | "ModuleNotFoundError" | "NameError" |
+        "None" | "NotADirectoryError" | "NotImplemented" | "NotImplementedError" | "OSError" |
+        "OverflowError" | "PendingDeprecationWarning" | "PermissionError" | "ProcessLookupError" |
+        "RecursionError" | "ReferenceError" | "ResourceWarning" | "RuntimeError" |
+        "RuntimeWarning" | "StopAsyncIteration" | "StopIteration" | "SyntaxError" |
+        "SyntaxWarning" | "SystemError" | "SystemExit" | "TabError" | "TimeoutError" | "True" |
+        "TypeError" | "UnboundLocalError" | "UnicodeDecodeError" | "UnicodeEncodeError" |
+        "UnicodeError" | "UnicodeTranslateError" | "UnicodeWarning" | "UserWarning" |
+        "ValueError" | "Warning" | "ZeroDivisionError" | "__build_class__" | "__debug__" |
+        "__doc__" | "__import__" | "__loader__" | "__name__" | "__package__" | "__spec__" | "abs" |
+        "aiter" | "all" | "anext" | "any" | "ascii" | "bin" | "bool" | "breakpoint" | "bytearray" |
+        "bytes" | "callable" | "chr" | "classmethod" | "compile" | "complex" | "copyright" |
+        "credits" | "delattr" | "dict" | "dir" | "divmod" | "enumerate" | "eval" | "exec" |
+        "exit" | "filter" | "float" | "format" | "frozenset" | "getattr" | "globals" | "hasattr" |
+        "hash" | "help" | "hex" | "id" | "input" | "int" | "isinstance" | "issubclass" | "iter" |
+        "len" | "license" | "list" | "locals" | "map" | "max" | "memoryview" | "min" | "next" |
+        "object" | "oct" | "open" | "ord" | "pow" | "print" | "property" | "quit" | "range" |
+        "repr" | "reversed" | "round" | "set" | "setattr" | "slice" | "sorted" | "staticmethod" |
+        "str" | "sum" | "super" | "tuple" | "type" | "vars" | "zip"
+    )
 }
 
 /// A name generated code must not bind: a keyword, a builtin or a module global.
 pub fn is_taken(s: &str) -> bool {
-    is_keyword(s) || is_builtin(s) || MODULE_GLOBALS.contains(&s)
+    // No keyword, builtin or module global ends with a digit; most node names do.
+    let digit = s.as_bytes().last().is_some_and(u8::is_ascii_digit);
+    !digit && (is_keyword(s) || is_builtin(s) || MODULE_GLOBALS.contains(&s))
 }
 
 /// An ASCII Python identifier (`[A-Za-z_][A-Za-z0-9_]*`).
@@ -166,7 +167,6 @@ mod tests {
 
     #[test]
     fn builtins_are_sorted_and_keywords_listed() {
-        assert!(BUILTINS.windows(2).all(|w| w[0] < w[1]));
         assert!(is_keyword("match") && is_keyword("None") && !is_keyword("_"));
         assert!(is_builtin("len") && !is_builtin("torch") && is_taken("torch"));
     }

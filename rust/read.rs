@@ -45,7 +45,11 @@ impl Types {
                 device: ty("torch", "device")?,
                 graph_module: ty("torch.fx", "GraphModule")?,
                 getitem: py.import("operator")?.getattr("getitem")?.unbind(),
-                nodes_property: py.import("torch.fx")?.getattr("Graph")?.getattr("nodes")?.unbind(),
+                nodes_property: py
+                    .import("torch.fx")?
+                    .getattr("Graph")?
+                    .getattr("nodes")?
+                    .unbind(),
             })
         })
     }
@@ -204,11 +208,14 @@ impl<'py> Reader<'py> {
         self.prog.graphs.push(Graph::default());
         let list = self.node_list(&gm.getattr(intern!(py, "graph"))?)?;
         let n = list.len();
+        let modules = gm.getattr(intern!(py, "_modules")).ok();
+        let modules = modules.and_then(|d| d.cast_into::<PyDict>().ok());
         let mut nodes: Vec<Node> = Vec::with_capacity(n);
         let mut index: FxHashMap<usize, u32> = FxHashMap::default();
         index.reserve(n);
         self.prog.args.reserve(4 * n);
         self.prog.text.reserve(16 * n);
+        self.submods.reserve(n / 2);
         for node in &list {
             let ctx = Ctx {
                 node,
@@ -228,7 +235,7 @@ impl<'py> Reader<'py> {
                 Ok(Ok(s)) => self.prog.push_str(s),
                 _ => return Err(node_error(&node, Reason::NameNotStr)),
             };
-            let target = self.target(gm, node, op, name, prefix, depth)?;
+            let target = self.target(gm, modules.as_ref(), node, op, name, prefix, depth)?;
             let args_obj = node.getattr(intern!(py, "_args"))?;
             let kwargs_obj = node.getattr(intern!(py, "_kwargs"))?;
             let args = args_obj
@@ -319,9 +326,11 @@ impl<'py> Reader<'py> {
     }
 
     /// The target of a node; may run Python code (the resolver, attribute walks, child graphs).
+    #[allow(clippy::too_many_arguments)]
     fn target(
         &mut self,
         gm: &Bound<'py, PyAny>,
+        modules: Option<&Bound<'py, PyDict>>,
         node: &Bound<'py, PyAny>,
         op: Op,
         name: Span,
@@ -329,18 +338,14 @@ impl<'py> Reader<'py> {
         depth: usize,
     ) -> PyResult<Target> {
         let t = node.getattr(intern!(self.py, "target"))?;
-        let text = |t: &Bound<'py, PyAny>| -> PyResult<String> {
-            match t.cast::<PyString>().map(|s| s.to_str()) {
-                Ok(Ok(s)) => Ok(s.to_string()),
-                _ => Err(node_error(node, Reason::TargetNotStr)),
-            }
-        };
+        let text = t.cast::<PyString>().ok().and_then(|s| s.to_str().ok());
+        let text = || text.ok_or_else(|| node_error(node, Reason::TargetNotStr));
         Ok(match op {
             Op::Output => Target::None,
-            Op::Placeholder => Target::Param(self.prog.push_str(&text(&t)?)),
-            Op::CallMethod => Target::Method(self.prog.push_str(&text(&t)?)),
+            Op::Placeholder => Target::Param(self.prog.push_str(text()?)),
+            Op::CallMethod => Target::Method(self.prog.push_str(text()?)),
             Op::GetAttr => {
-                let path = text(&t)?;
+                let path = text()?.to_string();
                 let mut obj = gm.clone();
                 for part in path.split('.') {
                     obj = obj
@@ -350,13 +355,16 @@ impl<'py> Reader<'py> {
                 Target::Const(self.pool.intern(&obj))
             }
             Op::CallModule => {
-                let local = text(&t)?;
-                let qual = format!("{prefix}{local}");
-                if let Some(&i) = self.submods.get(&qual) {
+                let local = text()?;
+                let qual = match prefix {
+                    "" => std::borrow::Cow::Borrowed(local),
+                    _ => std::borrow::Cow::Owned(format!("{prefix}{local}")),
+                };
+                if let Some(&i) = self.submods.get(qual.as_ref()) {
                     return Ok(Target::Submod(i));
                 }
-                let child = child(gm, &local)
-                    .ok_or_else(|| node_error(node, Reason::MissingChild(local.clone())))?;
+                let child = child(gm, modules, &t, local)
+                    .ok_or_else(|| node_error(node, Reason::MissingChild(local.into())))?;
                 let i = self.prog.submods.len() as u32;
                 // Split graphs name a call after its child: share the node's text then.
                 let span = match self.prog.str(name) == qual {
@@ -369,12 +377,12 @@ impl<'py> Reader<'py> {
                     kind: SubmodKind::Opaque,
                 });
                 let same = prefix.is_empty() && t.is_exact_instance_of::<PyString>();
-                self.submod_names.push(same.then_some(t));
-                self.submods.insert(qual.clone(), i);
+                self.submod_names.push(same.then(|| t.clone()));
                 if child.is_instance(self.t.graph_module.bind(self.py))? {
                     let g = self.inline(&child, &qual, depth)?;
                     self.prog.submods[i as usize].kind = SubmodKind::Inline(g);
                 }
+                self.submods.insert(qual.into_owned(), i);
                 Target::Submod(i)
             }
             Op::CallFunction => {
@@ -520,17 +528,27 @@ impl<'py> Reader<'py> {
     }
 }
 
-/// The child module at dotted path `path` of `gm`, through `_modules` dicts, else
-/// `get_submodule` (for modules that keep children elsewhere); None if there is none.
-fn child<'py>(gm: &Bound<'py, PyAny>, path: &str) -> Option<Bound<'py, PyAny>> {
+/// The child module at dotted path `path` (the str `key`) of `gm`, whose `_modules` is
+/// `modules`: through `_modules` dicts, else `get_submodule` (for modules that keep children
+/// elsewhere); None if there is none.
+fn child<'py>(
+    gm: &Bound<'py, PyAny>,
+    modules: Option<&Bound<'py, PyDict>>,
+    key: &Bound<'py, PyAny>,
+    path: &str,
+) -> Option<Bound<'py, PyAny>> {
     let py = gm.py();
     let lookup = |m: &Bound<'py, PyAny>, part: &str| -> Option<Bound<'py, PyAny>> {
         let d = m.getattr(intern!(py, "_modules")).ok()?;
         d.cast_into::<PyDict>().ok()?.get_item(part).ok().flatten()
     };
-    let found = path
-        .split('.')
-        .try_fold(gm.clone(), |m, part| lookup(&m, part));
+    let found = match (modules, path.contains('.')) {
+        // The key str object keeps its hash: no new str per lookup.
+        (Some(d), false) => d.get_item(key).ok().flatten(),
+        _ => path
+            .split('.')
+            .try_fold(gm.clone(), |m, part| lookup(&m, part)),
+    };
     match found {
         Some(c) if !c.is_none() => Some(c),
         _ => gm
