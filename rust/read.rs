@@ -140,6 +140,66 @@ fn node_error(node: &Bound<'_, PyAny>, reason: Reason) -> PyErr {
     e.into()
 }
 
+fn hash(s: &str) -> u64 {
+    use std::hash::BuildHasher;
+    rustc_hash::FxBuildHasher.hash_one(s)
+}
+
+/// A graph's nodes in order: fx's linked list walked with checks, or another iterator.
+enum Nodes<'py> {
+    Iter(Bound<'py, pyo3::types::PyIterator>),
+    Links {
+        node_type: Bound<'py, PyType>,
+        root: Bound<'py, PyAny>,
+        /// The node returned last (the root before the first).
+        at: Bound<'py, PyAny>,
+        /// Links left to follow before the list counts as broken.
+        left: usize,
+    },
+}
+
+impl<'py> Iterator for Nodes<'py> {
+    type Item = PyResult<Bound<'py, PyAny>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (node_type, root, at, left) = match self {
+            Nodes::Iter(it) => return it.next(),
+            Nodes::Links {
+                node_type,
+                root,
+                at,
+                left,
+            } => (node_type, root, at, left),
+        };
+        let py = root.py();
+        loop {
+            let next = match at.getattr(intern!(py, "_next")) {
+                Ok(next) => next,
+                Err(e) => return Some(Err(e)),
+            };
+            if next.is(&*root) {
+                return None;
+            }
+            let node = match next.is_instance(node_type) {
+                Ok(true) if *left > 0 => next,
+                Ok(_) => return Some(Err(Error::Invalid(Reason::BrokenNodeList).into())),
+                Err(e) => return Some(Err(e)),
+            };
+            *left -= 1;
+            *at = node.clone();
+            // A node erased while still linked (as while fx changes a graph) is skipped.
+            match node
+                .getattr(intern!(py, "_erased"))
+                .and_then(|e| e.is_truthy())
+            {
+                Ok(false) => return Some(Ok(node)),
+                Ok(true) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+}
+
 /// The node being read and the nodes before it.
 struct Ctx<'a, 'py> {
     node: &'a Bound<'py, PyAny>,
@@ -159,7 +219,11 @@ pub struct Reader<'py> {
     /// Keyword keys by str object (held).
     keys: FxHashMap<usize, (Arg, Bound<'py, PyAny>)>,
     /// Submodules by qualified name.
-    submods: FxHashMap<String, u32>,
+    /// Submodules by the hash of their qualified name (names compared on a hit; a 64-bit
+    /// collision of two names falls back to a search).
+    submods: FxHashMap<u64, u32>,
+    /// Whether a child of this type is a GraphModule, by type (the children hold the types).
+    child_types: FxHashMap<usize, bool>,
     /// Inlined children's graphs by child object (held): one function however often it is
     /// called, under whatever names.
     inlined: FxHashMap<usize, (u32, Bound<'py, PyAny>)>,
@@ -180,6 +244,7 @@ impl<'py> Reader<'py> {
             targets: FxHashMap::default(),
             keys: FxHashMap::default(),
             submods: FxHashMap::default(),
+            child_types: FxHashMap::default(),
             inlined: FxHashMap::default(),
             submod_names: Vec::new(),
             loose: None,
@@ -206,8 +271,7 @@ impl<'py> Reader<'py> {
         }
         let gi = self.prog.graphs.len() as u32;
         self.prog.graphs.push(Graph::default());
-        let list = self.node_list(&gm.getattr(intern!(py, "graph"))?)?;
-        let n = list.len();
+        let (list, n) = self.nodes(&gm.getattr(intern!(py, "graph"))?)?;
         let modules = gm.getattr(intern!(py, "_modules")).ok();
         let modules = modules.and_then(|d| d.cast_into::<PyDict>().ok());
         let mut nodes: Vec<Node> = Vec::with_capacity(n);
@@ -216,7 +280,8 @@ impl<'py> Reader<'py> {
         self.prog.args.reserve(4 * n);
         self.prog.text.reserve(16 * n);
         self.submods.reserve(n / 2);
-        for node in &list {
+        for node in list {
+            let node = &node?;
             let ctx = Ctx {
                 node,
                 index: &index,
@@ -277,36 +342,26 @@ impl<'py> Reader<'py> {
         Ok(gi)
     }
 
-    /// A graph's nodes. fx's own linked list is walked here, not by fx's iterator, which follows
-    /// any object as a link (a str in `_next` crashes it) and loops forever on a cycle; a graph
-    /// whose `nodes` is not fx's property is iterated.
-    fn node_list(&self, graph: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    /// A graph's nodes and their count. fx's own linked list is walked here, not by fx's
+    /// iterator, which follows any object as a link (a str in `_next` crashes it) and loops
+    /// forever on a cycle; a graph whose `nodes` is not fx's property is iterated.
+    fn nodes(&self, graph: &Bound<'py, PyAny>) -> PyResult<(Nodes<'py>, usize)> {
         let py = self.py;
         let nodes = graph.getattr(intern!(py, "nodes"))?;
         let n = nodes.len().unwrap_or(0);
         let own = graph.get_type().getattr(intern!(py, "nodes"))?;
         if !own.is(self.t.nodes_property.bind(py)) {
-            return nodes.try_iter()?.collect();
+            return Ok((Nodes::Iter(nodes.try_iter()?), n));
         }
         let root = graph.getattr(intern!(py, "_root"))?;
-        let mut list = Vec::with_capacity(n);
-        let mut node = root.getattr(intern!(py, "_next"))?;
-        // Far more links than the graph's nodes and any erased ones still linked.
-        for _ in 0..4 * n + 1024 {
-            if node.is(&root) {
-                return Ok(list);
-            }
-            if !node.is_instance(self.t.node.bind(py))? {
-                break;
-            }
-            let next = node.getattr(intern!(py, "_next"))?;
-            // A node erased while still linked (as while fx changes a graph) is skipped.
-            if !node.getattr(intern!(py, "_erased"))?.is_truthy()? {
-                list.push(node);
-            }
-            node = next;
-        }
-        Err(Error::Invalid(Reason::BrokenNodeList).into())
+        let walk = Nodes::Links {
+            node_type: self.t.node.bind(py).clone(),
+            at: root.clone(),
+            root,
+            // Far more links than the graph's nodes and any erased ones still linked.
+            left: 4 * n + 1024,
+        };
+        Ok((walk, n))
     }
 
     fn key(&mut self, key: &Bound<'py, PyAny>, ctx: &Ctx<'_, 'py>) -> PyResult<Arg> {
@@ -360,7 +415,8 @@ impl<'py> Reader<'py> {
                     "" => std::borrow::Cow::Borrowed(local),
                     _ => std::borrow::Cow::Owned(format!("{prefix}{local}")),
                 };
-                if let Some(&i) = self.submods.get(qual.as_ref()) {
+                let h = hash(&qual);
+                if let Some(i) = self.find_submod(h, &qual) {
                     return Ok(Target::Submod(i));
                 }
                 let child = child(gm, modules, &t, local)
@@ -378,11 +434,11 @@ impl<'py> Reader<'py> {
                 });
                 let same = prefix.is_empty() && t.is_exact_instance_of::<PyString>();
                 self.submod_names.push(same.then(|| t.clone()));
-                if child.is_instance(self.t.graph_module.bind(self.py))? {
+                if self.is_graph_module(&child)? {
                     let g = self.inline(&child, &qual, depth)?;
                     self.prog.submods[i as usize].kind = SubmodKind::Inline(g);
                 }
-                self.submods.insert(qual.into_owned(), i);
+                self.submods.entry(h).or_insert(i);
                 Target::Submod(i)
             }
             Op::CallFunction => {
@@ -409,6 +465,27 @@ impl<'py> Reader<'py> {
                 resolved
             }
         })
+    }
+
+    /// Whether `child` is a GraphModule (inlined), by its type: split graphs have many children
+    /// of few types.
+    fn is_graph_module(&mut self, child: &Bound<'py, PyAny>) -> PyResult<bool> {
+        let ty = child.get_type_ptr() as usize;
+        if let Some(&known) = self.child_types.get(&ty) {
+            return Ok(known);
+        }
+        let known = child.is_instance(self.t.graph_module.bind(self.py))?;
+        self.child_types.insert(ty, known);
+        Ok(known)
+    }
+
+    fn find_submod(&self, h: u64, qual: &str) -> Option<u32> {
+        let p = &self.prog;
+        match self.submods.get(&h) {
+            Some(&i) if p.submod_name(i) == qual => Some(i),
+            Some(_) => (0..p.submods.len() as u32).find(|&i| p.submod_name(i) == qual),
+            None => None,
+        }
     }
 
     /// The graph of an inlined child, read once per child object.
