@@ -293,24 +293,24 @@ impl<'py> Reader<'py> {
             };
             let op = op.ok_or_else(|| {
                 let text = op_obj.str().map_or_else(|_| "?".into(), |s| s.to_string());
-                node_error(&node, Reason::UnknownOp(text))
+                node_error(node, Reason::UnknownOp(text))
             })?;
             let name_obj = node.getattr(intern!(py, "name"))?;
             let name = match name_obj.cast::<PyString>().map(|s| s.to_str()) {
                 Ok(Ok(s)) => self.prog.push_str(s),
-                _ => return Err(node_error(&node, Reason::NameNotStr)),
+                _ => return Err(node_error(node, Reason::NameNotStr)),
             };
             let target = self.target(gm, modules.as_ref(), node, op, name, prefix, depth)?;
             let args_obj = node.getattr(intern!(py, "_args"))?;
             let kwargs_obj = node.getattr(intern!(py, "_kwargs"))?;
             let args = args_obj
                 .cast::<PyTuple>()
-                .map_err(|_| node_error(&node, Reason::ArgsNotTuple))?;
+                .map_err(|_| node_error(node, Reason::ArgsNotTuple))?;
             let kwargs = kwargs_obj
                 .cast::<PyDict>()
-                .map_err(|_| node_error(&node, Reason::KwargsNotDict))?;
+                .map_err(|_| node_error(node, Reason::KwargsNotDict))?;
             if kwargs.len() > MAX_KWARGS {
-                return Err(node_error(&node, Reason::TooManyKwargs));
+                return Err(node_error(node, Reason::TooManyKwargs));
             }
             // Keyword pairs follow the positional arguments' slots.
             let all = self.prog.reserve_args(args.len() + 2 * kwargs.len());

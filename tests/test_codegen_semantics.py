@@ -1481,7 +1481,7 @@ def test_a_placeholder_default_that_is_a_node_is_a_clear_error(surface: str) -> 
     y = g.placeholder("y", default_value=x)
     g.output(g.call_function(operator.add, (x, y)))
     gm = raw_gm(g, fx_codegen=False)
-    with pytest.raises(CodegenError, match="default refers to node \"x\"") as info:
+    with pytest.raises(CodegenError, match='default refers to node "x"') as info:
         generate_surface(gm, surface)
     assert '"y"' in str(info.value)
     with pytest.raises(CodegenError, match="default refers to node"):

@@ -612,7 +612,7 @@ def test_a_keyword_given_twice_is_refused() -> None:
 
 def test_a_placeholder_default_that_is_a_node_is_refused() -> None:
     data = program([[placeholder("x"), placeholder("y", default=A.node(0)), output(A.node(1))]])
-    with pytest.raises(CodegenError, match="refers to node \"x\"") as info:
+    with pytest.raises(CodegenError, match='refers to node "x"') as info:
         fxcodegen.emit(data)
     assert '"y"' in str(info.value)
     nested = A.tuple(A.int(1), A.list(A.node(0)))
