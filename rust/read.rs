@@ -286,7 +286,12 @@ impl<'py> Reader<'py> {
                 node,
                 index: &index,
             };
+            // The fields first, then their contents: their loads overlap.
             let op_obj = node.getattr(intern!(py, "op"))?;
+            let name_obj = node.getattr(intern!(py, "name"))?;
+            let target_obj = node.getattr(intern!(py, "target"))?;
+            let args_obj = node.getattr(intern!(py, "_args"))?;
+            let kwargs_obj = node.getattr(intern!(py, "_kwargs"))?;
             let op = match op_obj.cast::<PyString>().map(|s| s.to_str()) {
                 Ok(Ok(s)) => Op::ALL.into_iter().find(|op| op.as_str() == s),
                 _ => None,
@@ -295,14 +300,20 @@ impl<'py> Reader<'py> {
                 let text = op_obj.str().map_or_else(|_| "?".into(), |s| s.to_string());
                 node_error(node, Reason::UnknownOp(text))
             })?;
-            let name_obj = node.getattr(intern!(py, "name"))?;
             let name = match name_obj.cast::<PyString>().map(|s| s.to_str()) {
                 Ok(Ok(s)) => self.prog.push_str(s),
                 _ => return Err(node_error(node, Reason::NameNotStr)),
             };
-            let target = self.target(gm, modules.as_ref(), node, op, name, prefix, depth)?;
-            let args_obj = node.getattr(intern!(py, "_args"))?;
-            let kwargs_obj = node.getattr(intern!(py, "_kwargs"))?;
+            let target = self.target(
+                gm,
+                modules.as_ref(),
+                node,
+                target_obj,
+                op,
+                name,
+                prefix,
+                depth,
+            )?;
             let args = args_obj
                 .cast::<PyTuple>()
                 .map_err(|_| node_error(node, Reason::ArgsNotTuple))?;
@@ -387,12 +398,12 @@ impl<'py> Reader<'py> {
         gm: &Bound<'py, PyAny>,
         modules: Option<&Bound<'py, PyDict>>,
         node: &Bound<'py, PyAny>,
+        t: Bound<'py, PyAny>,
         op: Op,
         name: Span,
         prefix: &str,
         depth: usize,
     ) -> PyResult<Target> {
-        let t = node.getattr(intern!(self.py, "target"))?;
         let text = t.cast::<PyString>().ok().and_then(|s| s.to_str().ok());
         let text = || text.ok_or_else(|| node_error(node, Reason::TargetNotStr));
         Ok(match op {
