@@ -260,10 +260,9 @@ fn validation_names_the_node() {
     assert!(e.contains("not a node defined earlier"), "{e}");
 }
 
-/// Long items in every place the emitter writes in windows of unchecked appends (`crate::out`):
-/// names, keys, call targets and method names of 16, 17, 32, 33 and more bytes, long strings,
-/// containers, a long `del` line, and statements in both layouts. The expected source is what
-/// the emitter wrote before it had windows (every append checked).
+/// Long items in every place the emitter writes: names, keys, call targets and method names of
+/// 16, 17, 32, 33 and more bytes, long strings, containers, a long `del` line, and statements in
+/// both layouts.
 fn long_items() -> Program {
     let mut p = Program::default();
     let g = p.add_graph();
