@@ -102,24 +102,11 @@ fn functions(p: &Program) -> Vec<Option<u32>> {
 /// Emits the module source of a program that passed validation and [`check_layout`]: the
 /// header, each inlined graph's function once, then the entry function.
 pub fn emit(p: &Program, layout: &Layout) -> String {
-    emit_into(
-        p,
-        layout,
-        String::with_capacity(64 + 48 * node_count(p) + p.text.len()),
-    )
-}
-
-fn node_count(p: &Program) -> usize {
-    p.graphs.iter().map(|g| g.nodes.len()).sum()
-}
-
-/// [`emit`] into `out`.
-pub fn emit_into(p: &Program, layout: &Layout, out: String) -> String {
     let mut e = Emitter {
         p,
         layout,
         reserved: layout.reserved(),
-        out,
+        out: String::new(),
         fn_of: functions(p),
         params: FxHashMap::default(),
         floats: Floats::default(),
@@ -274,6 +261,9 @@ impl<'a> Emitter<'a> {
         let nodes = &p.graphs[gi].nodes;
         let names = names::assign(p, nodes, &self.reserved);
         let live = liveness::compute(p, nodes);
+        // Room for the function's source, made once its names are known (their table is gone).
+        self.out
+            .reserve(64 + 48 * nodes.len() + p.text.len() / p.graphs.len());
         self.p("def ");
         match inline {
             Some(_) => self.p_inline_name(gi as u32),

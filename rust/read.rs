@@ -261,6 +261,10 @@ impl<'py> Reader<'py> {
         }
         self.graph(gm, "", 0)?;
         self.prog.n_consts = self.pool.objects.len() as u32;
+        // Only the program, the pool and the names' objects are needed from here on.
+        self.submods = FxHashMap::default();
+        self.targets = FxHashMap::default();
+        self.keys = FxHashMap::default();
         Ok(())
     }
 
