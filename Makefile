@@ -22,27 +22,9 @@ $(VENV)/.deps: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q $(DEV_DEPS)
 	touch $@
 
-# Profile-guided optimisation: release builds use the committed profile (`make pgo` makes it
-# again after a core change; PGO=0 builds without it). See benches/pgo/train.py.
-PGO ?= 1
-PGO_PROFILE := benches/pgo/fxcodegen.profdata
-LLVM_PROFDATA ?= $(firstword $(foreach v,22 21 20 19,$(shell command -v llvm-profdata-$(v))) llvm-profdata)
-PGO_USE := $(if $(filter 1,$(PGO)),$(if $(wildcard $(PGO_PROFILE)),-Cprofile-use=$(abspath $(PGO_PROFILE))))
-
 .PHONY: install
-install: $(VENV)/.deps ## create .venv, install torch and dev tools, build the extension (release, PGO)
-	$(if $(PGO_USE),RUSTFLAGS="$(strip $(RUSTFLAGS) $(PGO_USE))") $(BIN)/maturin develop --release --quiet
-
-.PHONY: pgo
-pgo: $(VENV)/.deps ## rebuild the PGO profile (llvm-profdata 19+); remakes vary by 5-8%: A/B it first
-	rm -rf target/pgo
-	RUSTFLAGS="-Cprofile-generate=$(abspath target/pgo/raw)" CARGO_TARGET_DIR=target/pgo/build \
-		$(BIN)/maturin build --release --quiet -o target/pgo/wheel
-	$(BIN)/pip install -q --no-deps --target target/pgo/ext target/pgo/wheel/*.whl
-	rm -rf target/pgo/raw  # counts of the build's own scripts and proc macros
-	FXCODEGEN_PGO_EXT=target/pgo/ext PYTHONPATH=target/pgo/ext $(BIN)/python benches/pgo/train.py
-	$(LLVM_PROFDATA) merge -o $(PGO_PROFILE) target/pgo/raw
-	$(MAKE) install
+install: $(VENV)/.deps ## create .venv, install torch and dev tools, build the extension (release)
+	$(BIN)/maturin develop --release --quiet
 
 .PHONY: build-dev
 build-dev: $(VENV)/.deps ## rebuild the extension in debug mode (fast compile, slow code)

@@ -313,7 +313,7 @@ def test_alloc_trace_script() -> None:
     assert lines[0] == f"stitch 299 nodes: source {source:,} bytes"
     # The node list is read by the core's reader, and freed by the end of the call.
     made = [ln.split() for ln in lines[2:-1] if ln.split()[0] in ("m", "c")]
-    assert any(ln[3].startswith("extract::Extractor::graph") for ln in made), out.stdout
+    assert any(ln[3].startswith("read::Reader::graph") for ln in made), out.stdout
     assert any(ln.split()[0] == "f" for ln in lines[2:-1])
     top = max(int(ln.split()[2]) for ln in lines[2:-1])
     assert (

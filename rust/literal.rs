@@ -1,92 +1,10 @@
-//! Python literal printing: every text reads back, in the generated namespace, as an equal value
-//! of the same type. Floats match `repr`; non-finite floats are written as `float('inf')` etc.
+//! Python literals: every text reads back, in the generated namespace, as an equal value of the
+//! same type. Floats match `repr` and read back bit-exact; non-finite floats are written as
+//! `float('inf')` and the like; strings and bytes are quoted and escaped as CPython's `repr` does.
 
-/// Appends `s`: `push_str` with the short copies (names, punctuation, numbers) done inline
-/// instead of through a `memcpy` call, which dominates the cost of a 10-byte append.
-#[inline(always)]
-pub fn put(out: &mut String, s: &str) {
-    if s.len() > 16 {
-        put_long(out, s);
-        return;
-    }
-    // SAFETY: the reserve makes room for the at most 16 bytes appended.
-    unsafe {
-        out.as_mut_vec().reserve(16);
-        append_short(out, s);
-    }
-}
-
-/// [`put`] for more than 16 bytes: [`append_short`] up to 32 (dotted call targets such as
-/// `torch.ops.aten.add.Tensor`), else `push_str`.
-#[inline(never)]
-fn put_long(out: &mut String, s: &str) {
-    if s.len() > 32 {
-        out.push_str(s);
-        return;
-    }
-    // SAFETY: the reserve makes room for the at most 32 bytes appended.
-    unsafe {
-        out.as_mut_vec().reserve(32);
-        append_short(out, s);
-    }
-}
-
-/// Appends `s` (at most 32 bytes) without checking the capacity, in at most two overlapping
-/// moves and no loop.
-///
-/// # Safety
-/// `out` has room for `s.len()` more bytes.
-#[inline(always)]
-pub unsafe fn append_short(out: &mut String, s: &str) {
-    let n = s.len();
-    debug_assert!(n <= 32 && out.capacity() - out.len() >= n);
-    // SAFETY: the caller made room for `n` bytes; every copy below stays within `n` bytes of
-    // both ends, and `s` is appended whole, so the String stays UTF-8.
-    unsafe {
-        let v = out.as_mut_vec();
-        let dst = v.as_mut_ptr().add(v.len());
-        let src = s.as_ptr();
-        if n > 16 {
-            let tail = (src.add(n - 16) as *const u128).read_unaligned();
-            (dst as *mut u128).write_unaligned((src as *const u128).read_unaligned());
-            (dst.add(n - 16) as *mut u128).write_unaligned(tail);
-        } else if n >= 8 {
-            let tail = (src.add(n - 8) as *const u64).read_unaligned();
-            (dst as *mut u64).write_unaligned((src as *const u64).read_unaligned());
-            (dst.add(n - 8) as *mut u64).write_unaligned(tail);
-        } else if n >= 4 {
-            let tail = (src.add(n - 4) as *const u32).read_unaligned();
-            (dst as *mut u32).write_unaligned((src as *const u32).read_unaligned());
-            (dst.add(n - 4) as *mut u32).write_unaligned(tail);
-        } else if n > 0 {
-            // 1 to 3 bytes: first, middle and last cover them all.
-            *dst = *src;
-            *dst.add(n / 2) = *src.add(n / 2);
-            *dst.add(n - 1) = *src.add(n - 1);
-        }
-        v.set_len(v.len() + n);
-    }
-}
-
-/// Writes an int (one or two digits, the most common, without formatting).
-#[inline]
+/// Writes an int in decimal.
 pub fn int(out: &mut String, v: i64) {
-    match u8::try_from(v) {
-        Ok(d @ 0..=99) => small(out, d),
-        _ => put(out, itoa::Buffer::new().format(v)),
-    }
-}
-
-/// Writes `d` (below 100) in decimal.
-#[inline(always)]
-fn small(out: &mut String, d: u8) {
-    if d < 10 {
-        out.push(char::from(b'0' + d));
-    } else {
-        let pair = [b'0' + d / 10, b'0' + d % 10];
-        // SAFETY: two ASCII digits keep the String UTF-8.
-        unsafe { out.as_mut_vec().extend_from_slice(&pair) };
-    }
+    out.push_str(itoa::Buffer::new().format(v));
 }
 
 /// Writes a float exactly as CPython's `repr` does for finite values; infinities and NaN as
@@ -224,7 +142,7 @@ pub fn str_repr(out: &mut String, s: &str) {
     {
         out.reserve(b.len() + 2);
         out.push('\'');
-        put(out, s);
+        out.push_str(s);
         out.push('\'');
         return;
     }
@@ -263,23 +181,6 @@ pub fn bytes_repr(out: &mut String, b: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn put_appends_every_length_exactly() {
-        let text: String = ('a'..='z').chain('A'..='Z').collect();
-        let mut want = String::new();
-        let mut got = String::new();
-        for n in 0..=text.len() {
-            for at in [0, 3, n / 2] {
-                let piece = &text[at.min(n)..n];
-                want.push_str(piece);
-                put(&mut got, piece);
-                assert_eq!(got, want, "after a {}-byte append", piece.len());
-            }
-        }
-        put(&mut got, "é→x");
-        assert!(got.ends_with("é→x"));
-    }
 
     #[test]
     fn ints_as_python_writes_them() {

@@ -21,10 +21,10 @@
 //! ```
 //!
 //! Reading is for untrusted input: every count is bounded by the bytes left, every index is
-//! checked, nesting is bounded, and the result goes through [`Program::validate`], so any input
-//! either becomes a program the emitter can write safely or a [`Error::Serial`]/[`Error::Node`].
+//! checked, nesting is bounded, and the result goes through [`crate::validate`], so any input
+//! either becomes a program the emitter can write safely or an [`Error`].
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Reason, Result};
 use crate::ir::{
     Arg, Graph, Node, Op, Program, Span, Submod, SubmodKind, Target, MAX_DEPTH, MAX_KWARGS,
 };
@@ -64,10 +64,10 @@ impl Writer<'_> {
         self.out.extend_from_slice(p.raw(s));
     }
 
-    fn args(&mut self, s: Span) {
-        self.varint(s.len as u64);
-        for k in s.range() {
-            self.arg(self.p.arg(k));
+    fn args(&mut self, args: &[Arg]) {
+        self.varint(args.len() as u64);
+        for &a in args {
+            self.arg(a);
         }
     }
 
@@ -80,46 +80,51 @@ impl Writer<'_> {
             Arg::None => self.out.push(1),
             Arg::Bool(false) => self.out.push(2),
             Arg::Bool(true) => self.out.push(3),
-            Arg::Int(v) => {
-                self.out.push(4);
-                self.varint(((v << 1) ^ (v >> 63)) as u64);
-            }
-            Arg::BigInt(s) => {
+            Arg::Int(v) => self.int(v as i64),
+            Arg::Long(k) => self.int(self.p.number(k) as i64),
+            Arg::BigInt(k) => {
                 self.out.push(5);
-                self.text(s);
+                self.text(self.p.span(k));
             }
-            Arg::Float(v) => {
+            Arg::Float(k) => {
                 self.out.push(6);
-                self.out.extend_from_slice(&v.to_le_bytes());
+                self.out
+                    .extend_from_slice(&self.p.float_of(k).to_le_bytes());
             }
-            Arg::Str(s) => {
+            Arg::Str(k) => {
                 self.out.push(7);
-                self.text(s);
+                self.text(self.p.span(k));
             }
-            Arg::Bytes(s) => {
+            Arg::Bytes(k) => {
                 self.out.push(8);
-                self.blob(s);
+                self.blob(self.p.span(k));
             }
             Arg::Const(k) => {
                 self.out.push(9);
                 self.varint(k as u64);
             }
-            Arg::Tuple(s) => {
+            Arg::Tuple(k) => {
                 self.out.push(10);
-                self.args(s);
+                self.args(self.p.items(k));
             }
-            Arg::List(s) => {
+            Arg::List(k) => {
                 self.out.push(11);
-                self.args(s);
+                self.args(self.p.items(k));
             }
-            Arg::Dict(s) => {
+            Arg::Dict(k) => {
                 self.out.push(12);
-                self.varint(s.len as u64 / 2);
-                for k in s.range() {
-                    self.arg(self.p.arg(k));
+                let items = self.p.items(k);
+                self.varint(items.len() as u64 / 2);
+                for &a in items {
+                    self.arg(a);
                 }
             }
         }
+    }
+
+    fn int(&mut self, v: i64) {
+        self.out.push(4);
+        self.varint(((v << 1) ^ (v >> 63)) as u64);
     }
 }
 
@@ -127,7 +132,7 @@ impl Writer<'_> {
 pub fn write(p: &Program) -> Vec<u8> {
     let mut w = Writer {
         p,
-        out: Vec::with_capacity(64 + p.text.len() + p.blobs.len() + p.args.len() * 3),
+        out: Vec::with_capacity(64 + p.text.len() + p.blobs.len() + p.args.len() * 2),
     };
     w.out.extend_from_slice(MAGIC);
     w.out.push(VERSION);
@@ -173,10 +178,10 @@ pub fn write(p: &Program) -> Vec<u8> {
                 }
                 Target::Submod(_) | Target::None => {}
             }
-            w.args(n.args);
-            w.varint(n.n_kwargs as u64);
-            for k in n.kwargs().range() {
-                w.arg(p.arg(k));
+            w.args(p.slice(n.args));
+            w.varint(n.kwargs as u64);
+            for &a in p.slice(n.kwargs()) {
+                w.arg(a);
             }
         }
     }
@@ -192,10 +197,10 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn err<T>(&self, reason: impl Into<String>) -> Result<T> {
+    fn err<T>(&self, reason: Reason) -> Result<T> {
         Err(Error::Serial {
             offset: self.pos,
-            reason: reason.into(),
+            reason,
         })
     }
 
@@ -209,7 +214,7 @@ impl<'a> Reader<'a> {
                 self.pos += 1;
                 Ok(b)
             }
-            None => self.err("unexpected end of data"),
+            None => self.err(Reason::UnexpectedEnd),
         }
     }
 
@@ -219,20 +224,20 @@ impl<'a> Reader<'a> {
             let b = self.u8()?;
             let bits = (b & 0x7f) as u64;
             if shift == 63 && bits > 1 {
-                return self.err("varint overflows 64 bits");
+                return self.err(Reason::VarintOverflow);
             }
             v |= bits << shift;
             if b & 0x80 == 0 {
                 return Ok(v);
             }
         }
-        self.err("varint longer than 10 bytes")
+        self.err(Reason::VarintOverflow)
     }
 
-    fn index(&mut self, limit: u64, what: &str) -> Result<u32> {
+    fn index(&mut self, limit: u64, what: &'static str) -> Result<u32> {
         let v = self.varint()?;
         if v >= limit {
-            return self.err(format!("{what} index {v} out of range (< {limit})"));
+            return self.err(Reason::Index { what, index: v });
         }
         Ok(v as u32)
     }
@@ -241,7 +246,7 @@ impl<'a> Reader<'a> {
     fn count(&mut self, min_bytes: usize) -> Result<usize> {
         let v = self.varint()?;
         if v > (self.left() / min_bytes.max(1)) as u64 {
-            return self.err(format!("count {v} exceeds the data left"));
+            return self.err(Reason::Exceeds(v));
         }
         Ok(v as usize)
     }
@@ -249,16 +254,11 @@ impl<'a> Reader<'a> {
     fn slice(&mut self) -> Result<&'a [u8]> {
         let n = self.varint()?;
         if n > self.left() as u64 {
-            return self.err(format!("length {n} exceeds the data left"));
+            return self.err(Reason::Exceeds(n));
         }
         let b = &self.data[self.pos..self.pos + n as usize];
         self.pos += n as usize;
         Ok(b)
-    }
-
-    fn raw(&mut self) -> Result<Span> {
-        let b = self.slice()?;
-        Ok(self.p.push_bytes(b))
     }
 
     fn text(&mut self) -> Result<Span> {
@@ -268,23 +268,24 @@ impl<'a> Reader<'a> {
             Ok(s) => Ok(self.p.push_str(s)),
             Err(_) => Err(Error::Serial {
                 offset: at,
-                reason: "string is not valid UTF-8".into(),
+                reason: Reason::NotUtf8,
             }),
         }
     }
 
-    fn args(&mut self, n: usize, ctx: &Ctx, depth: usize) -> Result<Span> {
+    /// `n` arguments into consecutive slots (containers take slots after them as they are read).
+    fn args(&mut self, n: usize, ctx: &Ctx, depth: usize) -> Result<u32> {
         let span = self.p.reserve_args(n);
         for k in 0..n {
             let a = self.arg(ctx, depth)?;
-            self.p.set_arg(span.start as usize + k, a);
+            self.p.args[span.start as usize + k] = a;
         }
-        Ok(span)
+        Ok(self.p.add_span(span))
     }
 
     fn arg(&mut self, ctx: &Ctx, depth: usize) -> Result<Arg> {
         if depth > MAX_DEPTH {
-            return self.err("arguments nest too deeply");
+            return self.err(Reason::TooDeep);
         }
         let tag = self.u8()?;
         Ok(match tag {
@@ -294,20 +295,30 @@ impl<'a> Reader<'a> {
             3 => Arg::Bool(true),
             4 => {
                 let z = self.varint()?;
-                Arg::Int(((z >> 1) as i64) ^ -((z & 1) as i64))
+                self.p.int(((z >> 1) as i64) ^ -((z & 1) as i64))
             }
-            5 => Arg::BigInt(self.text()?),
+            5 => {
+                let s = self.text()?;
+                Arg::BigInt(self.p.add_span(s))
+            }
             6 => {
                 if self.left() < 8 {
-                    return self.err("truncated float");
+                    return self.err(Reason::UnexpectedEnd);
                 }
                 let mut b = [0u8; 8];
                 b.copy_from_slice(&self.data[self.pos..self.pos + 8]);
                 self.pos += 8;
-                Arg::Float(f64::from_le_bytes(b))
+                self.p.float(f64::from_le_bytes(b))
             }
-            7 => Arg::Str(self.text()?),
-            8 => Arg::Bytes(self.raw()?),
+            7 => {
+                let s = self.text()?;
+                Arg::Str(self.p.add_span(s))
+            }
+            8 => {
+                let b = self.slice()?;
+                let s = self.p.push_bytes(b);
+                Arg::Bytes(self.p.add_span(s))
+            }
             9 => Arg::Const(self.index(ctx.n_consts, "constant")?),
             10 => {
                 let n = self.count(1)?;
@@ -321,7 +332,7 @@ impl<'a> Reader<'a> {
                 let n = self.count(2)?;
                 Arg::Dict(self.args(2 * n, ctx, depth + 1)?)
             }
-            t => return self.err(format!("unknown argument tag {t}")),
+            t => return self.err(Reason::UnknownTag("argument tag", t)),
         })
     }
 }
@@ -331,7 +342,8 @@ struct Ctx {
     n_consts: u64,
 }
 
-/// Reads a serialized node list. Never panics; bad input is an error naming the offset or node.
+/// Reads a serialized node list and validates it as untrusted input. Never panics; bad input is
+/// an error naming the offset or the node.
 pub fn read(data: &[u8]) -> Result<Program> {
     let mut r = Reader {
         data,
@@ -339,21 +351,19 @@ pub fn read(data: &[u8]) -> Result<Program> {
         p: Program::default(),
     };
     if data.len() >= u32::MAX as usize {
-        return r.err("serialized node list too large");
+        return r.err(Reason::Exceeds(data.len() as u64));
     }
     if data.len() < 5 || &data[..4] != MAGIC {
-        return r.err("not a serialized node list (bad magic)");
+        return r.err(Reason::BadMagic);
     }
     r.pos = 4;
     let version = r.u8()?;
     if version != VERSION {
-        return r.err(format!(
-            "unsupported format version {version} (this reads {VERSION})"
-        ));
+        return r.err(Reason::Version(version, VERSION));
     }
     let n_consts = r.varint()?;
     if n_consts > u32::MAX as u64 {
-        return r.err("constant count too large");
+        return r.err(Reason::Exceeds(n_consts));
     }
     r.p.n_consts = n_consts as u32;
     let n_submods = r.count(2)?;
@@ -365,23 +375,27 @@ pub fn read(data: &[u8]) -> Result<Program> {
             1 => {
                 let g = r.varint()?;
                 if g > u32::MAX as u64 {
-                    return r.err("graph index too large");
+                    return r.err(Reason::Index {
+                        what: "graph",
+                        index: g,
+                    });
                 }
                 inline_graphs.push(g);
                 SubmodKind::Inline(g as u32)
             }
-            k => return r.err(format!("unknown submodule kind {k}")),
+            k => return r.err(Reason::UnknownTag("submodule kind", k)),
         };
         r.p.submods.push(Submod { name, kind });
     }
     let n_graphs = r.count(1)?;
     if n_graphs == 0 {
-        return r.err("no graphs");
+        return r.err(Reason::NoGraph);
     }
-    if let Some(g) = inline_graphs.iter().find(|&&g| g >= n_graphs as u64) {
-        return r.err(format!(
-            "submodule inlines graph {g}, beyond the {n_graphs} graphs"
-        ));
+    if let Some(&g) = inline_graphs.iter().find(|&&g| g >= n_graphs as u64) {
+        return r.err(Reason::Index {
+            what: "inlined graph",
+            index: g,
+        });
     }
     // A node's arguments, positional then keyword, before they are stored.
     let mut top: Vec<Arg> = Vec::new();
@@ -396,7 +410,7 @@ pub fn read(data: &[u8]) -> Result<Program> {
                 3 => Op::CallMethod,
                 4 => Op::GetAttr,
                 5 => Op::Output,
-                o => return r.err(format!("unknown op code {o}")),
+                o => return r.err(Reason::UnknownTag("op code", o)),
             };
             let name = r.text()?;
             let target = match op {
@@ -406,7 +420,7 @@ pub fn read(data: &[u8]) -> Result<Program> {
                     0 => Target::Name(r.text()?),
                     1 => Target::Getitem,
                     2 => Target::Const(r.index(n_consts, "constant")?),
-                    t => return r.err(format!("unknown call target tag {t}")),
+                    t => return r.err(Reason::UnknownTag("call target tag", t)),
                 },
                 Op::CallMethod => Target::Method(r.text()?),
                 Op::GetAttr => Target::Const(r.index(n_consts, "constant")?),
@@ -428,7 +442,7 @@ pub fn read(data: &[u8]) -> Result<Program> {
             if n_kw > MAX_KWARGS {
                 return Err(Error::Serial {
                     offset: at,
-                    reason: format!("more than {MAX_KWARGS} keyword arguments"),
+                    reason: Reason::TooManyKwargs,
                 });
             }
             for _ in 0..n_kw {
@@ -437,7 +451,7 @@ pub fn read(data: &[u8]) -> Result<Program> {
                 if !matches!(key, Arg::Str(_) | Arg::Const(_)) {
                     return Err(Error::Serial {
                         offset: at,
-                        reason: "a keyword key must be a str or a constant".into(),
+                        reason: Reason::KeyNotStr,
                     });
                 }
                 top.push(key);
@@ -452,17 +466,14 @@ pub fn read(data: &[u8]) -> Result<Program> {
                     start: all.start,
                     len: n_args as u32,
                 },
-                n_kwargs: n_kw as u16,
+                kwargs: n_kw as u16,
             });
         }
         r.p.graphs.push(Graph { nodes });
     }
     if r.left() != 0 {
-        return r.err(format!("{} trailing bytes", r.left()));
+        return r.err(Reason::Trailing(r.left()));
     }
-    if r.p.text.len() > u32::MAX as usize || r.p.args.len() > u32::MAX as usize {
-        return r.err("program too large");
-    }
-    r.p.validate_untrusted()?;
+    crate::validate::validate(&r.p, true)?;
     Ok(r.p)
 }

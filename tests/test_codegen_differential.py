@@ -294,12 +294,12 @@ def test_vllm_matches_fx(chunk: int) -> None:
             raise AssertionError(f"seed {seed}\n{gm.code}\n{code}") from e
 
 
-def test_large_graph_emitted_by_two_threads_matches_fx_and_one_thread() -> None:
-    """Functions of 16,384+ nodes are emitted by two threads in ``generate`` (chunks split at
-    a statement); the code must run like the graph and equal the single-threaded code."""
+def test_large_graph_matches_fx_and_a_fresh_process() -> None:
+    """A graph of 16,384+ nodes: the code runs like the graph, and a fresh process writes the
+    same code."""
     seed, steps = 7, 11_500
     gm, n_in = random_split_gm(seed, allow_opaque_in_inlined=True, steps=steps)
-    assert len(gm.graph.nodes) >= 16_384  # generate's two-thread threshold
+    assert len(gm.graph.nodes) >= 16_384
     xs = inputs_for(seed, n_in)
     want = fx.Interpreter(gm).run(*xs)
     gen = fxcodegen.generate(gm)
@@ -307,21 +307,21 @@ def test_large_graph_emitted_by_two_threads_matches_fx_and_one_thread() -> None:
         gen.code, opaque_callables(gm, gen.submod_names, bare=False), gen.submod_names, gen.consts
     )
     assert_same(fn(*xs), want)
-    one = one_thread_code_hash(
+    one = fresh_process_code_hash(
         f"fxcodegen.generate(T.random_split_gm({seed}, True, steps={steps})[0]).code"
     )
     assert one == hashlib.sha256(gen.code.encode()).hexdigest()
 
 
-def one_thread_code_hash(code_expr: str) -> str:
-    """The sha256 of the code that ``code_expr`` evaluates to in a fresh process with
-    ``FXCODEGEN_THREADS=1`` (``T`` is this module, ``vllm`` the compat surface)."""
-    return fresh_code_hash(code_expr, {"FXCODEGEN_THREADS": "1"}).stdout.strip()
+def fresh_process_code_hash(code_expr: str) -> str:
+    """The sha256 of the code that ``code_expr`` evaluates to in a fresh process (``T`` is this
+    module, ``vllm`` the compat surface): the code does not depend on the process."""
+    return fresh_code_hash(code_expr, {}).stdout.strip()
 
 
 def fresh_code_hash(code_expr: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """A fresh process with ``env`` printing the sha256 of the code ``code_expr`` evaluates to
-    (see :func:`one_thread_code_hash`)."""
+    (see :func:`fresh_process_code_hash`)."""
     script = (
         "import hashlib, sys; sys.path.insert(0, sys.argv[1]);"
         "import fxcodegen, test_codegen_differential as T; from fxcodegen.compat import vllm;"
@@ -349,12 +349,9 @@ def awkward_large_gm(n: int = 16_500) -> fx.GraphModule:
 
 
 @pytest.mark.parametrize("surface", ["native", "vllm"])
-def test_large_graph_names_worked_out_while_reading_match_one_thread(surface: str) -> None:
-    """A native root of 4,096+ nodes has its statements, names and last uses written on a
-    helper thread while it is read, other graphs their names and last uses from
-    ``FXCODEGEN_HELPER_MIN_NODES`` nodes on (forced down to 4,096 here); the emitter works them
-    out after reading otherwise. With names that all need care, the code runs like the graph
-    and equals the code of a single-threaded run either way."""
+def test_large_graph_with_awkward_names_runs_like_the_graph(surface: str) -> None:
+    """With names that all need care, a large graph's code runs like the graph and is the same
+    in a fresh process."""
     gm = awkward_large_gm()
     x = torch.tensor([1.0], dtype=torch.float64)
     if surface == "native":
@@ -372,11 +369,4 @@ def test_large_graph_names_worked_out_while_reading_match_one_thread(surface: st
         if surface == "native"
         else "vllm.generate_execution_code(T.awkward_large_gm())[0]"
     )
-    one = one_thread_code_hash(expr)
-    assert one == hashlib.sha256(code.encode()).hexdigest()
-    helper = {"FXCODEGEN_HELPER_MIN_NODES": "4096"}
-    assert fresh_code_hash(expr, helper).stdout.strip() == one
-    # The helper was there (the test hook makes it fail), and its failing costs nothing either.
-    failed = fresh_code_hash(expr, {**helper, "FXCODEGEN_FAILPOINT": "helper"})
-    assert failed.stdout.strip() == one
-    assert "FXCODEGEN_FAILPOINT=helper" in failed.stderr
+    assert fresh_process_code_hash(expr) == hashlib.sha256(code.encode()).hexdigest()

@@ -534,62 +534,6 @@ def _two_targets_gm() -> fx.GraphModule:
     return raw_gm(g)
 
 
-def test_resolver_answers_are_kept_across_calls() -> None:
-    from fxcodegen import _core
-    from fxcodegen.codegen import _resolve_target
-
-    asked: list[Any] = []
-
-    def resolver(obj: Any) -> str | None:
-        asked.append(obj)
-        return _resolve_target(obj)
-
-    gm = _two_targets_gm()
-    first = _core.generate(gm, resolver, "native", "execution_fn", True)
-    assert {id(o) for o in asked} == {id(operator.mul), id(user_fn)}
-    asked.clear()
-    # A kept name is used again; a target that went to the pool is asked about again.
-    again = _core.generate(gm, resolver, "native", "execution_fn", True)
-    assert [id(o) for o in asked] == [id(user_fn)] and again[0] == first[0]
-    assert "operator.mul(" in again[0] and any(c is user_fn for c in again[2])
-    # Names are kept per resolver: another resolver object is asked.
-    asked.clear()
-    other = lambda obj: asked.append(obj) or _resolve_target(obj)  # noqa: E731
-    assert _core.generate(gm, other, "native", "execution_fn", True)[0] == first[0]
-    assert len(asked) == 2
-
-
-class _ReenteringResolver:
-    """A resolver whose finalizer generates code: dropping it must not happen while the core
-    holds its table of kept names (it would deadlock re-entering it)."""
-
-    finalized = 0
-
-    def __call__(self, obj: Any) -> str | None:
-        from fxcodegen.codegen import _resolve_target
-
-        return _resolve_target(obj)
-
-    def __del__(self) -> None:
-        fxcodegen.generate(_two_targets_gm())
-        type(self).finalized += 1
-
-
-# A deadlock holds no Python frame that a signal could interrupt: time out from a thread.
-@pytest.mark.timeout(120, method="thread")
-def test_kept_names_are_dropped_outside_their_lock() -> None:
-    from fxcodegen import _core
-
-    gm = _two_targets_gm()
-    # Each resolver's last reference is the entry of the name it gave; once the table holds
-    # 4,096 entries (within 4,097 new ones, whatever it held before) they are all dropped, and
-    # with them the resolvers.
-    for _ in range(4097):
-        _core.generate(gm, _ReenteringResolver(), "native", "execution_fn", True)
-    gc.collect()
-    assert _ReenteringResolver.finalized > 0
-
-
 def test_kept_names_are_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
     gm = _two_targets_gm()
     mul = operator.mul
@@ -1478,3 +1422,93 @@ def test_malformed_node_fields_name_the_node(field: str, value: Any, message: st
     with pytest.raises(CodegenError, match=message) as info:
         fxcodegen.generate(gm)
     assert "add" in str(info.value)
+
+
+# ------------------------------------------------------------------ clear errors on bad input
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_generate_of_a_non_graph_module_is_a_type_error(surface: str) -> None:
+    for bad in (42, None, "gm", torch.nn.Linear(1, 1)):
+        with pytest.raises(TypeError, match="expected a torch.fx.GraphModule") as info:
+            generate_surface(bad, surface)  # type: ignore[arg-type]
+        assert type(bad).__name__ in str(info.value)
+    with pytest.raises(TypeError, match="expected a torch.fx.GraphModule"):
+        fxcodegen.serialize(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="expected a torch.fx.GraphModule"):
+        fxcodegen.build(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_an_int_over_4300_digits_is_pooled(surface: str) -> None:
+    huge = 10**5000 + 7
+    g = fx.Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(operator.add, (x, huge)))
+    gm = raw_gm(g, fx_codegen=False)
+    code, _, consts = generate_surface(gm, surface)
+    assert any(c is huge for c in consts) and "1000000000" not in code
+    assert compile_surface(gm, surface)(1) == huge + 1
+    # The serialized node list refers to it by pool slot, and emits the same code.
+    assert fxcodegen.emit(fxcodegen.serialize(gm))[0] == fxcodegen.generate(gm).code
+    # One of 4,300 digits is still written as a literal.
+    g = fx.Graph()
+    g.output(g.call_function(operator.neg, (10**4299,)))
+    code, _, consts = generate_surface(raw_gm(g, fx_codegen=False), surface)
+    assert "1" + "0" * 4299 in code and consts == []
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_a_string_call_target_is_a_clear_error(surface: str) -> None:
+    g = fx.Graph()
+    x = g.placeholder("x")
+    call = g.call_function(torch.add, (x, x))
+    call.name = "by_name"
+    call.target = "torch.add"  # fx checks the target only when the node is made
+    g.output(call)
+    gm = raw_gm(g, fx_codegen=False)
+    with pytest.raises(CodegenError, match='target is the str "torch.add"') as info:
+        generate_surface(gm, surface)
+    assert "by_name" in str(info.value)
+    with pytest.raises(CodegenError, match="not a callable"):
+        fxcodegen.serialize(gm)
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_a_placeholder_default_that_is_a_node_is_a_clear_error(surface: str) -> None:
+    g = fx.Graph()
+    x = g.placeholder("x")
+    y = g.placeholder("y", default_value=x)
+    g.output(g.call_function(operator.add, (x, y)))
+    gm = raw_gm(g, fx_codegen=False)
+    with pytest.raises(CodegenError, match='default refers to node "x"') as info:
+        generate_surface(gm, surface)
+    assert '"y"' in str(info.value)
+    with pytest.raises(CodegenError, match="default refers to node"):
+        fxcodegen.serialize(gm)
+    with pytest.raises(CodegenError, match="default refers to node"):
+        fxcodegen.build(gm)
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_one_child_called_under_several_names_is_defined_once(surface: str) -> None:
+    child = fx.GraphModule(torch.nn.Module(), _neg_graph())
+    root = torch.nn.Module()
+    for name in ("a", "b", "c"):
+        root.add_module(name, child)
+    g = fx.Graph()
+    h = g.placeholder("x")
+    for name in ("a", "b", "c", "a"):
+        h = g.call_module(name, (h,))
+    g.output(h)
+    gm = fx.GraphModule(root, g)
+    code, names, _ = generate_surface(gm, surface)
+    assert names == ["a", "b", "c"]
+    assert code.count("def __") == 1, code
+    assert compile_surface(gm, surface)(torch.tensor(2.0)).item() == 2.0
+
+
+def _neg_graph() -> fx.Graph:
+    g = fx.Graph()
+    g.output(g.call_function(operator.neg, (g.placeholder("x"),)))
+    return g

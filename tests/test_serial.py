@@ -552,3 +552,70 @@ def test_names_carrying_code_never_inject(bad: str) -> None:
         ).args.args
     ]
     assert len(fn_args) == 2 and all(a.isidentifier() for a in fn_args)
+
+
+# ----------------------------------------------------------------------------- emit findings
+# What an adversarial probe found: inputs `emit` accepted whose source was quadratic in size or
+# did not compile. Every input `emit` accepts must produce source that `compile()` accepts.
+
+
+def test_a_graph_inlined_by_many_submodules_is_defined_once() -> None:
+    # 300 submodules inline one 300-node graph: one definition, source linear in the input.
+    chain = [placeholder("x")]
+    chain += [call_name(f"n{k}", "operator.neg", [A.node(k)]) for k in range(300)]
+    chain.append(output(A.node(300)))
+    root = [placeholder("x")]
+    root += [call_module(f"c{k}", k, [A.node(k)]) for k in range(300)]
+    root.append(output(A.node(300)))
+    data = program([root, chain], submods=[(f"s{k}", 1) for k in range(300)])
+    code, names = fxcodegen.emit(data)
+    assert len(names) == 300
+    assert code.count("def __fx_f") == 1 and code.count(" = __fx_f0(") == 300
+    assert len(code) < 4 * len(data)
+    compile(code, "<emitted>", "exec")
+
+
+def test_source_far_larger_than_the_input_is_refused() -> None:
+    # A 4,000-byte name used 100,000 times: 400 MB of source from 400 KB of input.
+    data = program([[placeholder("x" * 4000), output(A.tuple(*[A.node(0)] * 100_000))]])
+    with pytest.raises(CodegenError, match="more than the .* allowed"):
+        fxcodegen.emit(data)
+
+
+@pytest.mark.parametrize(
+    "text", ["-007", "007", "00", "1" * 4301, "-" + "9" * 4301, "", "-", "12a", "+1"]
+)
+def test_int_text_python_would_not_read_back_is_refused(text: str) -> None:
+    data = program([[output(A.bigint(text))]])
+    with pytest.raises(CodegenError, match="malformed integer text"):
+        fxcodegen.emit(data)
+
+
+@pytest.mark.parametrize("text", ["0", "-0", "7", "-12345678901234567890123", "9" * 4300])
+def test_int_text_python_reads_back_is_accepted(text: str) -> None:
+    code, _ = fxcodegen.emit(program([[output(A.bigint(text))]]))
+    namespace: dict = {}
+    exec(compile(code, "<emitted>", "exec"), namespace)  # noqa: S102
+    assert namespace["execution_fn"]() == int(text)
+
+
+def test_a_keyword_given_twice_is_refused() -> None:
+    call = call_name("twice", "operator.add", [], [("k", A.int(1)), ("k", A.int(2))])
+    with pytest.raises(CodegenError, match="'k'.*given twice|\"k\".*given twice") as info:
+        fxcodegen.emit(program([[call]]))
+    assert "twice" in str(info.value)
+    # Also when the keys need the `**{...}` form.
+    call = call_name("twice", "operator.add", [], [("a b", A.int(1)), ("a b", A.int(2))])
+    with pytest.raises(CodegenError, match="given twice"):
+        fxcodegen.emit(program([[call]]))
+
+
+def test_a_placeholder_default_that_is_a_node_is_refused() -> None:
+    data = program([[placeholder("x"), placeholder("y", default=A.node(0)), output(A.node(1))]])
+    with pytest.raises(CodegenError, match='refers to node "x"') as info:
+        fxcodegen.emit(data)
+    assert '"y"' in str(info.value)
+    nested = A.tuple(A.int(1), A.list(A.node(0)))
+    data = program([[placeholder("x"), placeholder("y", default=nested), output(A.node(1))]])
+    with pytest.raises(CodegenError, match="refers to node"):
+        fxcodegen.emit(data)

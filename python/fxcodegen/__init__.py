@@ -3,7 +3,7 @@
 Users import from here only; the compiled core is the private ``fxcodegen._core``.
 """
 
-from fxcodegen._core import __version__, release_memory
+from fxcodegen._core import __version__
 from fxcodegen.backend import backend
 from fxcodegen.cache import CacheError, load_artifact
 from fxcodegen.codegen import (
@@ -41,7 +41,6 @@ __all__ = [
     "generate",
     "load_artifact",
     "ranges_from_endpoints",
-    "release_memory",
     "serialize",
     "split_graph",
     "structural_key",

@@ -1,9 +1,10 @@
 //! The serialized node list as untrusted input: random valid programs round-trip exactly, and
 //! mutated, truncated or random bytes never panic and never emit anything but the expected
-//! statement shapes. `FXCODEGEN_FUZZ_ITERS` sets the mutation-loop length (`make fuzz`).
+//! statement shapes; every source an accepted input emits is checked to compile with CPython
+//! (`python3`). `FXCODEGEN_FUZZ_ITERS` sets the mutation-loop length (`make fuzz`).
 
 use fxcodegen::ir::{Arg, Op, Program, SubmodKind, Target};
-use fxcodegen::{codegen, serial, Layout, Style};
+use fxcodegen::{codegen, codegen_serialized, serial, Error, Layout, Reason, Style};
 use proptest::prelude::*;
 
 /// A small deterministic generator (xorshift64*).
@@ -39,6 +40,12 @@ const NAMES: &[&str] = &[
     "getitem",
     "submod_0",
 ];
+const BIG: &[&str] = &[
+    "-98765432109876543210987654321",
+    "0",
+    "-0",
+    "10000000000000000000000",
+];
 const STRS: &[&str] = &[
     "",
     "it's",
@@ -55,11 +62,11 @@ fn arg(r: &mut Rng, p: &mut Program, nodes: u32, n_consts: u32, depth: u32) -> A
         0 if nodes > 0 => Arg::Node(r.below(nodes as u64) as u32),
         1 => Arg::None,
         2 => Arg::Bool(r.below(2) == 1),
-        3 => Arg::Int(r.next() as i64 >> r.below(63)),
-        4 => Arg::BigInt(p.push_str("-98765432109876543210987654321")),
-        5 => Arg::Float(f64::from_bits(r.next())),
-        6 => Arg::Str(p.push_str(STRS[r.below(STRS.len() as u64) as usize])),
-        7 => Arg::Bytes(p.push_bytes(&r.next().to_le_bytes()[..r.below(8) as usize])),
+        3 => p.int(r.next() as i64 >> r.below(63)),
+        4 => p.big_int(BIG[r.below(BIG.len() as u64) as usize]),
+        5 => p.float(f64::from_bits(r.next())),
+        6 => p.str_arg(STRS[r.below(STRS.len() as u64) as usize]),
+        7 => p.bytes(&r.next().to_le_bytes()[..r.below(8) as usize]),
         8 | 9 if n_consts > 0 => Arg::Const(r.below(n_consts as u64) as u32),
         10 => {
             let items: Vec<Arg> = (0..r.below(3))
@@ -75,12 +82,7 @@ fn arg(r: &mut Rng, p: &mut Program, nodes: u32, n_consts: u32, depth: u32) -> A
         }
         12 => {
             let items: Vec<(Arg, Arg)> = (0..r.below(3))
-                .map(|_| {
-                    (
-                        Arg::Str(p.push_str("k")),
-                        arg(r, p, nodes, n_consts, depth + 1),
-                    )
-                })
+                .map(|_| (p.str_arg("k"), arg(r, p, nodes, n_consts, depth + 1)))
                 .collect();
             p.dict(&items)
         }
@@ -199,7 +201,7 @@ fn assert_one_statement(line: &str) {
 fn random_programs_round_trip() {
     for seed in 0..3000u64 {
         let p = program(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        p.validate()
+        fxcodegen::validate::validate(&p, true)
             .unwrap_or_else(|e| panic!("seed {seed}: generator made an invalid program: {e}"));
         let data = serial::write(&p);
         let q = serial::read(&data).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
@@ -248,22 +250,66 @@ fn mutate(r: &mut Rng, data: &mut Vec<u8>) {
     }
 }
 
-fn check_untrusted(data: &[u8]) {
-    if let Ok(p) = serial::read(data) {
-        for style in [Style::Native, Style::Vllm] {
-            let layout = Layout {
-                style,
-                ..Layout::native()
-            };
-            if let Ok(code) = codegen(&p, &layout) {
-                assert_shapes(&code);
+/// Emits `data` in both layouts; every accepted source has the expected shapes and is kept in
+/// `accepted` (when given) to be compiled.
+fn check_untrusted(data: &[u8], mut accepted: Option<&mut Vec<String>>) -> bool {
+    let mut ok = false;
+    for style in [Style::Native, Style::Vllm] {
+        let layout = Layout {
+            style,
+            ..Layout::native()
+        };
+        if let Ok((code, _)) = codegen_serialized(data, &layout) {
+            assert_shapes(&code);
+            if let Some(list) = accepted.as_deref_mut() {
+                list.push(code);
             }
+            ok = true;
         }
     }
+    ok
+}
+
+/// Compiles every source with CPython's `compile()` in one `python3` process; returns how many
+/// compiled, and panics naming the first that does not.
+fn compile_all(sources: &[String]) -> usize {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let script = "import sys\n\
+        data = sys.stdin.buffer.read().split(b'\\0')[:-1]\n\
+        for i, src in enumerate(data):\n\
+        \x20   try:\n\
+        \x20       compile(src.decode(), f'<fuzz {i}>', 'exec')\n\
+        \x20   except Exception as e:\n\
+        \x20       print(i, repr(e)); sys.exit(1)\n\
+        print(len(data))\n";
+    let mut child = Command::new("python3")
+        .args(["-W", "error", "-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 is needed to check that accepted inputs compile");
+    let mut stdin = child.stdin.take().expect("stdin");
+    for s in sources {
+        stdin.write_all(s.as_bytes()).expect("write");
+        stdin.write_all(b"\0").expect("write");
+    }
+    drop(stdin);
+    let out = child.wait_with_output().expect("python3 ran");
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let i: usize = text
+            .split(' ')
+            .next()
+            .and_then(|i| i.parse().ok())
+            .unwrap_or(0);
+        panic!("{text}\n{}", sources.get(i).map_or("", String::as_str));
+    }
+    text.trim().parse().expect("a count")
 }
 
 #[test]
-fn mutated_input_never_panics() {
+fn mutated_input_never_panics_and_what_is_accepted_compiles() {
     let iters: u64 = std::env::var("FXCODEGEN_FUZZ_ITERS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -272,14 +318,92 @@ fn mutated_input_never_panics() {
         .map(|s| serial::write(&program(s * 7919 + 1)))
         .collect();
     let mut r = Rng(0x1234_5678_9abc_def1);
-    let mut accepted = 0u64;
+    let (mut accepted, mut sources) = (0u64, Vec::new());
+    let mut seen = std::collections::HashSet::new();
     for _ in 0..iters {
         let mut data = seeds[r.below(seeds.len() as u64) as usize].clone();
         mutate(&mut r, &mut data);
-        check_untrusted(&data);
-        accepted += serial::read(&data).is_ok() as u64;
+        let mut emitted = Vec::new();
+        accepted += check_untrusted(&data, Some(&mut emitted)) as u64;
+        sources.extend(emitted.into_iter().filter(|s| seen.insert(s.clone())));
     }
-    eprintln!("fuzz loop: {iters} mutated inputs, {accepted} accepted as valid programs");
+    for seed in &seeds {
+        check_untrusted(seed, Some(&mut sources));
+    }
+    let compiled = compile_all(&sources);
+    assert_eq!(compiled, sources.len());
+    eprintln!(
+        "fuzz loop: {iters} mutated inputs, {accepted} accepted; {} distinct sources \
+         (both layouts, seeds included), {compiled} of them compile",
+        sources.len()
+    );
+}
+
+/// One graph inlined by many submodules is defined once: the source grows with the input.
+#[test]
+fn a_graph_inlined_many_times_is_written_once() {
+    let mut p = Program::default();
+    let root = p.add_graph();
+    let child = p.add_graph();
+    let mut prev = p.add_placeholder(child, "x", None);
+    let neg = p.push_str("operator.neg");
+    for k in 0..200 {
+        let args = [Arg::Node(prev)];
+        let name = format!("n{k}");
+        prev = p.add_node(
+            child,
+            Op::CallFunction,
+            &name,
+            Target::Name(neg),
+            &args,
+            &[],
+        );
+    }
+    p.add_output(child, Arg::Node(prev));
+    let mut prev = p.add_placeholder(root, "x", None);
+    for k in 0..2000 {
+        let sm = p.add_submod(&format!("s{k}"), SubmodKind::Inline(child));
+        let name = format!("c{k}");
+        prev = p.add_node(
+            root,
+            Op::CallModule,
+            &name,
+            Target::Submod(sm),
+            &[Arg::Node(prev)],
+            &[],
+        );
+    }
+    p.add_output(root, Arg::Node(prev));
+    let data = serial::write(&p);
+    let (code, names) = codegen_serialized(&data, &Layout::native()).expect("accepted");
+    assert_eq!(names.len(), 2000);
+    assert_eq!(code.matches("def __fx_f").count(), 1);
+    assert!(
+        code.len() < 4 * data.len(),
+        "{} bytes from {}",
+        code.len(),
+        data.len()
+    );
+}
+
+/// A long name used many times could make a source far larger than its input: that is refused
+/// before the source is written.
+#[test]
+fn output_far_larger_than_the_input_is_refused() {
+    let mut p = Program::default();
+    let g = p.add_graph();
+    let long = "x".repeat(4000);
+    let x = p.add_placeholder(g, &long, None);
+    let refs = vec![Arg::Node(x); 100_000];
+    let t = p.tuple(&refs);
+    p.add_output(g, t);
+    let data = serial::write(&p);
+    match codegen_serialized(&data, &Layout::native()) {
+        Err(Error::Invalid(Reason::TooLarge { bound, limit })) => assert!(bound > limit),
+        other => panic!("accepted: {:?}", other.map(|(c, _)| c.len())),
+    }
+    // The same program is fine from the trusted side.
+    assert!(codegen(&p, &Layout::native()).is_ok());
 }
 
 #[test]
@@ -295,7 +419,7 @@ fn injection_attempts_are_rejected_or_escaped() {
     let mut p = Program::default();
     let g = p.add_graph();
     let x = p.add_placeholder(g, "x); import os; (", None);
-    let s = Arg::Str(p.push_str("'); import os; ('"));
+    let s = p.str_arg("'); import os; ('");
     let m = p.push_str("torch.ops.aten.add.Tensor");
     let n = p.add_node(
         g,
@@ -334,7 +458,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512)) {
-        check_untrusted(&data);
+        check_untrusted(&data, None);
     }
 
     #[test]
@@ -343,6 +467,6 @@ proptest! {
     ) {
         let mut data = b"FXCG\x01".to_vec();
         data.extend_from_slice(&body);
-        check_untrusted(&data);
+        check_untrusted(&data, None);
     }
 }
