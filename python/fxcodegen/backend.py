@@ -24,14 +24,29 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from fxcodegen.cache import Artifact, Cache, PieceRecord, compute_key, make_factors, open_cache
 from fxcodegen.concrete import fake_args, is_symbolic
-from fxcodegen.keys import KEY_VERSION, entry_key, split_graph_key, structural_key_stable
-from fxcodegen.piecewise import COMPILERS, CompiledPool, Entry, PiecewiseBackend, counters
+from fxcodegen.entries import entry_config
+from fxcodegen.keys import (
+    KEY_VERSION,
+    config_repr,
+    entry_key,
+    split_graph_key,
+    structural_key_stable,
+)
+from fxcodegen.piecewise import (
+    COMPILERS,
+    CompiledPool,
+    Entry,
+    PiecewiseBackend,
+    counters,
+    plan_entries,
+)
 from fxcodegen.ranges import normalize_ranges, normalize_sizes
 from fxcodegen.split import SplitItem, resolve_splitting_ops, split_graph
 
@@ -42,21 +57,38 @@ log = logging.getLogger("fxcodegen")
 
 @dataclass
 class GraphRecord:
-    """What the backend did with one graph Dynamo handed it."""
+    """What the backend did with one graph Dynamo handed it, and how long each step took.
+
+    Timings (seconds): ``trace_s`` (Dynamo's trace, from the start of its frame compile to
+    the backend call; ``None`` when unknown), ``split_s``, ``key_s`` (the cache key),
+    ``compile_s`` (compiling, loading and reusing every piece-entry) of which
+    ``compile_by_kind`` (seconds compiling entries of each kind: ``"range"``, ``"size"``,
+    ``"static"``) and ``load_s`` (loading artifacts), ``codegen_s`` (generating or binding
+    the stitching function) and ``first_run_s`` (the graph's first call, which includes
+    Inductor's runtime autotuning where any happens; ``None`` until then).
+    """
 
     index: int
     entered_at: float
     """``time.perf_counter()`` when the backend was called (Dynamo's trace ends here)."""
     symbolic: bool
     """Whether the graph had symbolic inputs (else it was specialised to one size)."""
+    trace_s: float | None = None
     split_s: float = 0.0
     compile_s: float = 0.0
+    compile_by_kind: dict[str, float] = field(default_factory=dict)
+    load_s: float = 0.0
     codegen_s: float = 0.0
+    first_run_s: float | None = None
     num_pieces: int = 0
     num_splitting: int = 0
     num_entries: int = 0
     compiled: int = 0
     reused: int = 0
+    """Piece-entries served by an identical piece's compile."""
+    shared: int = 0
+    """Piece-entries served by another entry of the same piece (the compiler is given the
+    same for both)."""
     loaded: int = 0
     cache: str = "off"
     """What the artifact cache did: ``"abandoned"`` (Dynamo was asked to trace again with
@@ -77,49 +109,93 @@ class GraphRecord:
     code: str = ""
     """The generated stitching source."""
 
+    def timings(self) -> str:
+        """The timings as one line of text."""
+        kinds = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(self.compile_by_kind.items()))
+        trace = "?" if self.trace_s is None else f"{self.trace_s:.3f}s"
+        first = "not yet" if self.first_run_s is None else f"{self.first_run_s:.3f}s"
+        return (
+            f"trace {trace}, split {self.split_s:.3f}s, key {self.key_s:.3f}s, "
+            f"compile {self.compile_s:.2f}s ({kinds or 'nothing compiled'}), "
+            f"load {self.load_s:.2f}s, "
+            f"{'bind' if self.cache == 'hit' else 'codegen'} {self.codegen_s:.4f}s, "
+            f"first run {first}"
+        )
+
     def summary(self) -> str:
         return (
             f"graph {self.index} ({'symbolic' if self.symbolic else 'static'}): "
             f"{self.num_pieces} pieces ({self.num_splitting} splitting, inlined), "
             f"{self.num_entries} piece-entries: {self.compiled} compiled, {self.reused} reused, "
-            f"{self.loaded} loaded; cache {self.cache}"
+            f"{self.shared} shared, {self.loaded} loaded; cache {self.cache}"
             + (f" {self.cache_key[:16]}" if self.cache_key else "")
-            + f"; split {self.split_s:.3f}s, key {self.key_s:.3f}s, "
-            f"{'load' if self.cache == 'hit' else 'compile'} {self.compile_s:.2f}s, "
-            f"{'bind' if self.cache == 'hit' else 'codegen'} {self.codegen_s:.4f}s"
+            + f"; {self.timings()}"
         )
 
 
+_dynamo_started: list[float] = [0.0]
+
+
+def _on_dynamo_start(_args: Any) -> None:
+    _dynamo_started[0] = time.perf_counter()
+
+
+torch._dynamo.callback_handler.register_start_callback(_on_dynamo_start)
+
+
+def _progress_env() -> bool | None:
+    """``FXCODEGEN_PROGRESS``: ``"1"`` on, ``"0"`` off, unset or ``""`` automatic (None)."""
+    value = os.environ.get("FXCODEGEN_PROGRESS")
+    if value in (None, ""):
+        return None
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"FXCODEGEN_PROGRESS={value!r} is not understood: use 1 (show a progress bar), "
+            "0 (log lines only) or leave it unset (a bar when stderr is a terminal)"
+        )
+    return value == "1"
+
+
 class _Progress:
-    """A one-line progress display on stderr (no dependency)."""
+    """Piece-entries done out of the total: a tqdm bar on stderr when enabled, an INFO
+    log line per entry otherwise."""
 
-    def __init__(self, total: int, enabled: bool, stream: TextIO) -> None:
+    def __init__(self, total: int, enabled: bool, graph: int) -> None:
         self.total = total
-        self.enabled = enabled and total > 0
-        self.stream = stream
+        self.graph = graph
         self.done = 0
-        self.how: dict[str, int] = {}
-        self.t0 = time.perf_counter()
-
-    def step(self, entry: Entry, how: str, piece: str) -> None:
-        self.done += 1
-        self.how[how] = self.how.get(how, 0) + 1
-        log.debug("%s [%s]: %s (%d/%d)", piece, entry, how, self.done, self.total)
-        if self.enabled:
-            parts = ", ".join(f"{n} {k}" for k, n in sorted(self.how.items()))
-            width = 24
-            filled = width * self.done // self.total
-            bar = "#" * filled + "." * (width - filled)
-            self.stream.write(
-                f"\rfxcodegen: [{bar}] {self.done}/{self.total} piece-entries ({parts}) "
-                f"{time.perf_counter() - self.t0:.1f}s"
+        self.bar = (
+            tqdm(
+                total=total,
+                file=sys.stderr,
+                desc=f"fxcodegen graph {graph}",
+                unit=" piece-entries",
+                bar_format="{desc}: {bar:20} {n_fmt}/{total_fmt} piece-entries "
+                "[{elapsed}] {postfix}",
+                leave=True,
             )
-            self.stream.flush()
+            if enabled and total > 0
+            else None
+        )
+
+    def start(self, piece: str, entry: Entry) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{piece} [{entry}]")
+        else:
+            log.info(
+                "graph %d: %s [%s] (%d/%d)", self.graph, piece, entry, self.done + 1, self.total
+            )
+
+    def step(self, piece: str, entry: Entry, how: str) -> None:
+        self.done += 1
+        log.debug("%s [%s]: %s (%d/%d)", piece, entry, how, self.done, self.total)
+        if self.bar is not None:
+            self.bar.update(1)
 
     def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self.bar is not None:
+            self.bar.set_postfix_str("")
+            self.bar.close()
 
 
 def _has_symbols(gm: torch.fx.GraphModule) -> bool:
@@ -260,6 +336,41 @@ def _piece_record(name: str, piece: PiecewiseBackend) -> PieceRecord:
     )
 
 
+InductorConfig = Mapping[str, Any] | Callable[[Entry], Mapping[str, Any]] | None
+
+
+def _add_entry_times(record: GraphRecord, pieces: Mapping[str, PiecewiseBackend]) -> None:
+    """Fill ``record``'s compile time by entry kind and its artifact load time."""
+    for piece in pieces.values():
+        for entry, seconds in piece.entry_seconds.items():
+            how = piece.how[entry]
+            if how == "compiled":
+                record.compile_by_kind[entry.kind] = (
+                    record.compile_by_kind.get(entry.kind, 0.0) + seconds
+                )
+            elif how == "loaded":
+                record.load_s += seconds
+
+
+def _timing_first_run(fn: Callable[..., Any], record: GraphRecord) -> Callable[..., Any]:
+    """``fn``, timing its first successful call into ``record.first_run_s`` and logging
+    the graph's summary and timings then (one INFO line per graph)."""
+    pending = True
+
+    def run(*args: Any) -> Any:
+        nonlocal pending
+        if not pending:
+            return fn(*args)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        record.first_run_s = time.perf_counter() - t0
+        pending = False
+        log.info("fxcodegen: %s", record.summary())
+        return out
+
+    return run
+
+
 class Backend:
     """A ``torch.compile`` backend (see :func:`backend`). Keeps a :class:`GraphRecord` per
     graph in :attr:`graphs` and one :class:`CompiledPool` shared by all its graphs."""
@@ -272,10 +383,11 @@ class Backend:
         compile_sizes: Iterable[int] = (),
         compiler: str = "inductor",
         cache_dir: str | os.PathLike[str] | bool | None = None,
-        inductor_config: Mapping[str, Any] | None = None,
+        inductor_config: InductorConfig = None,
         progress: bool | None = None,
         range_dim: tuple[str, int] | None = None,
     ) -> None:
+        self.progress_env = _progress_env()  # a bad value fails here
         if compiler not in COMPILERS:
             raise ValueError(f"unknown compiler {compiler!r}; choose one of {COMPILERS}")
         # Unknown names fail here, not mid-trace.
@@ -302,7 +414,17 @@ class Backend:
         artifacts to store (``"eager"`` bypasses the cache)."""
         if compiler == "inductor":
             self.cache = open_cache(self.cache_dir)
-        self.inductor_config = dict(inductor_config or {})
+        if inductor_config is not None and not (
+            callable(inductor_config) or isinstance(inductor_config, Mapping)
+        ):
+            raise TypeError(
+                "inductor_config must be a dict of Inductor config patches or a callable "
+                f"entry -> dict, got {type(inductor_config).__name__}"
+            )
+        self.inductor_config: InductorConfig = (
+            inductor_config if callable(inductor_config) else dict(inductor_config or {})
+        )
+        """Inductor config patches, or a callable giving each entry its own."""
         self.progress = progress
         self.pool = CompiledPool()
         self.graphs: list[GraphRecord] = []
@@ -317,14 +439,16 @@ class Backend:
     def _progress_enabled(self) -> bool:
         if self.progress is not None:
             return self.progress
-        if os.environ.get("FXCODEGEN_PROGRESS", "") not in ("", "0"):
-            return True
+        if self.progress_env is not None:
+            return self.progress_env
         return sys.stderr.isatty()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         from fxcodegen import codegen  # needs the compiled core
 
         record = GraphRecord(len(self.graphs), time.perf_counter(), _has_symbols(gm))
+        if 0.0 < _dynamo_started[0] <= record.entered_at:
+            record.trace_s = record.entered_at - _dynamo_started[0]
         self.graphs.append(record)
         before = counters.copy()
         floats = _unspecialized_floats(gm)
@@ -374,9 +498,9 @@ class Backend:
 
         record.compiled = counters["compile"] - before["compile"]
         record.reused = counters["compile_reused"] - before["compile_reused"]
+        record.shared = counters["compile_shared"] - before["compile_shared"]
         record.loaded = counters["artifact_loaded"] - before["artifact_loaded"]
-        log.info("fxcodegen: %s", record.summary())
-        return fn
+        return _timing_first_run(fn, record)
 
     # the cold path ---------------------------------------------------------------------
     def _compile_and_generate(
@@ -391,8 +515,8 @@ class Backend:
 
         before = counters.copy()
         t0 = time.perf_counter()
-        total = sum(self._num_entries(it.graph) for it in to_compile)
-        progress = _Progress(total, self._progress_enabled(), sys.stderr)
+        total = sum(self._num_entries(it.graph, record) for it in to_compile)
+        progress = _Progress(total, self._progress_enabled(), record.index)
         pieces: dict[str, PiecewiseBackend] = {}
         try:
             for it in to_compile:
@@ -404,7 +528,8 @@ class Backend:
                     name=it.submod_name,
                     pool=self.pool,
                     inductor_config=self.inductor_config,
-                    on_entry=lambda e, how, n=it.submod_name: progress.step(e, how, n),
+                    before_entry=lambda e, n=it.submod_name: progress.start(n, e),
+                    on_entry=lambda e, how, n=it.submod_name: progress.step(n, e, how),
                     dispatch_symbol=record.dispatch_symbol,
                 )
                 pieces[it.submod_name] = piece
@@ -415,15 +540,17 @@ class Backend:
         record.pieces = pieces
         record.num_entries = sum(len(p.entries) for p in pieces.values())
         record.compile_s = time.perf_counter() - t0
+        _add_entry_times(record, pieces)
         log.info(
             "graph %d: compiled %d piece-entries with %s in %.2fs (%d compiles, %d reused, "
-            "%d loaded)",
+            "%d shared, %d loaded)",
             record.index,
             record.num_entries,
             self.compiler,
             record.compile_s,
             counters["compile"] - before["compile"],
             counters["compile_reused"] - before["compile_reused"],
+            counters["compile_shared"] - before["compile_shared"],
             counters["artifact_loaded"] - before["artifact_loaded"],
         )
 
@@ -439,7 +566,10 @@ class Backend:
 
     # the cache -------------------------------------------------------------------------
     def cache_factors(
-        self, split_gm: torch.fx.GraphModule, to_compile: list[SplitItem]
+        self,
+        split_gm: torch.fx.GraphModule,
+        to_compile: list[SplitItem],
+        dispatch_symbol: Any = None,
     ) -> tuple[dict[str, Any], bool]:
         """``(factors, stable)`` of a split graph whose pieces are not compiled yet.
 
@@ -449,17 +579,29 @@ class Backend:
         ops, literals and the content of tensors the piece holds, which Inductor bakes in),
         ``values`` (:func:`split_graph_key`: the same over the whole split graph, i.e. every
         value the stitching code's pool bakes in, tensors by content), the global Inductor
-        config's hash and the device factors. Parameters passed as graph inputs are not
+        config's hash, ``entry_config`` (with a callable ``inductor_config``: the patches
+        it gives each piece's entries, by label) and the device factors. Parameters passed as graph inputs are not
         baked in, so their values are not in the key. ``stable`` is False when a part is
         keyed by object identity (then the graph is not cached).
         """
         from fxcodegen import codegen
 
         piece_keys: dict[str, str] = {}
+        entry_configs: dict[str, dict[str, Any]] = {}
         stable = True
         for it in to_compile:
             piece_keys[it.submod_name], ok = structural_key_stable(it.graph)
             stable = stable and ok
+            if callable(self.inductor_config):
+                entries = plan_entries(
+                    it.graph,
+                    compile_ranges=self.compile_ranges,
+                    compile_sizes=self.compile_sizes,
+                    dispatch_symbol=dispatch_symbol,
+                )[0]
+                entry_configs[it.submod_name] = {
+                    e.label: config_repr(entry_config(self.inductor_config, e)) for e in entries
+                }
         values, ok = split_graph_key(split_gm, piece_keys)
         stable = stable and ok
         factors = make_factors(
@@ -468,12 +610,17 @@ class Backend:
             compile_ranges=self.compile_ranges,
             compile_sizes=self.compile_sizes,
             compiler=self.compiler,
-            compiler_options={"config_patches": self.inductor_config},
+            compiler_options={
+                "config_patches": "per entry"
+                if callable(self.inductor_config)
+                else self.inductor_config
+            },
             extra={
                 "key_version": KEY_VERSION,
                 "pieces": piece_keys,
                 "values": values,
                 "inductor_config": _global_config_hash(),
+                **({"entry_config": entry_configs} if entry_configs else {}),
                 "range_dim": list(self.range_dim) if self.range_dim else None,
                 "devices": _device_factors(split_gm),
             },
@@ -494,7 +641,7 @@ class Backend:
             return None
         t0 = time.perf_counter()
         try:
-            factors, stable = self.cache_factors(split_gm, to_compile)
+            factors, stable = self.cache_factors(split_gm, to_compile, record.dispatch_symbol)
             key = compute_key(factors)
         except Exception as e:  # noqa: BLE001 - the cache must never break compiling
             log.warning(
@@ -596,7 +743,7 @@ class Backend:
         scratch = self.pool.copy()  # merged into self.pool only on success
         piece_keys = factors["extra"]["pieces"]
         progress = _Progress(
-            sum(len(p.entries) for p in art.pieces), self._progress_enabled(), sys.stderr
+            sum(len(p.entries) for p in art.pieces), self._progress_enabled(), record.index
         )
         try:
             stored = {p.name: p for p in art.pieces}
@@ -606,15 +753,12 @@ class Backend:
             pieces: dict[str, PiecewiseBackend] = {}
             for it in to_compile:
                 rec = stored[it.submod_name]
-                artifacts = {
-                    entry_key(
-                        piece_keys[it.submod_name],
-                        Entry.from_label(label),
-                        self.compiler,
-                        self.inductor_config,
-                    ): data
-                    for label, data in rec.entries.items()
-                }
+                artifacts = {}
+                for label, data in rec.entries.items():
+                    entry = Entry.from_label(label)
+                    patches = entry_config(self.inductor_config, entry)
+                    key = entry_key(piece_keys[it.submod_name], entry, self.compiler, patches)
+                    artifacts[key] = data
                 piece = PiecewiseBackend(
                     it.graph,
                     compile_ranges=self.compile_ranges,
@@ -625,7 +769,8 @@ class Backend:
                     artifacts=artifacts,
                     compile_missing=False,
                     inductor_config=self.inductor_config,
-                    on_entry=lambda e, how, n=it.submod_name: progress.step(e, how, n),
+                    before_entry=lambda e, n=it.submod_name: progress.start(n, e),
+                    on_entry=lambda e, how, n=it.submod_name: progress.step(n, e, how),
                     dispatch_symbol=record.dispatch_symbol,
                 )
                 if (
@@ -639,7 +784,7 @@ class Backend:
             t1 = time.perf_counter()
             fn = art.execution_fn(pieces)  # raises CodegenError for unbound pool slots
         except BaseException:
-            for name in ("artifact_loaded", "compile_reused", "compile"):
+            for name in ("artifact_loaded", "compile_reused", "compile_shared", "compile"):
                 counters[name] = snapshot[name]
             raise
         finally:
@@ -650,6 +795,7 @@ class Backend:
         record.pieces = pieces
         record.num_entries = sum(len(p.entries) for p in pieces.values())
         record.compile_s = compile_s
+        _add_entry_times(record, pieces)
         record.codegen_s = time.perf_counter() - t1
         record.code = art.code
         log.info(
@@ -664,11 +810,14 @@ class Backend:
         )
         return fn
 
-    def _num_entries(self, gm: torch.fx.GraphModule) -> int:
-        if not any(isinstance(v, torch.SymInt) and is_symbolic(v) for v in fake_args(gm)):
-            return 1
-        ranges = 1 if self.compile_ranges is None else len(self.compile_ranges)
-        return ranges + len(self.compile_sizes)
+    def _num_entries(self, gm: torch.fx.GraphModule, record: GraphRecord) -> int:
+        entries = plan_entries(
+            gm,
+            compile_ranges=self.compile_ranges,
+            compile_sizes=self.compile_sizes,
+            dispatch_symbol=record.dispatch_symbol,
+        )[0]
+        return len(entries)
 
 
 def backend(
@@ -678,7 +827,7 @@ def backend(
     compile_sizes: Iterable[int] = (),
     compiler: str = "inductor",
     cache_dir: str | os.PathLike[str] | bool | None = None,
-    inductor_config: Mapping[str, Any] | None = None,
+    inductor_config: InductorConfig = None,
     progress: bool | None = None,
     range_dim: tuple[str, int] | None = None,
 ) -> Backend:
@@ -698,9 +847,13 @@ def backend(
         cache_dir: the artifact cache directory (``docs/cache.md``); ``None``:
             ``$FXCODEGEN_CACHE_DIR``, else ``~/.cache/fxcodegen``; ``False`` disables it.
             Only ``"inductor"`` uses it (``"eager"`` has nothing compiled to store).
-        inductor_config: Inductor config patches.
-        progress: show a progress line while compiling (default: when stderr is a TTY or
-            ``FXCODEGEN_PROGRESS=1``).
+        inductor_config: Inductor config patches, or a callable ``entry -> dict`` giving
+            each entry (:class:`fxcodegen.piecewise.Entry`: ``kind``, ``start``, ``end``,
+            ``label``) its own, e.g. max-autotune for single sizes only. The entry keys and
+            the cache key cover the patches each entry gets.
+        progress: show a progress bar while compiling (tqdm on stderr); else one INFO log
+            line per piece-entry. Default: ``FXCODEGEN_PROGRESS`` (``1`` on, ``0`` off; any
+            other non-empty value is a ``ValueError``), else when stderr is a terminal.
         range_dim: ``(argument name, dimension)`` of the size the ranges and sizes apply
             to, e.g. ``("input_ids", 1)``; default: the last symbolic dimension of the first
             tensor input (the tokens). Other symbolic sizes stay dynamic in every entry.
