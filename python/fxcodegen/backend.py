@@ -133,14 +133,24 @@ class GraphRecord:
         )
 
 
-_dynamo_started: list[float] = [0.0]
+_dynamo_started: list[float] = [0.0, 0.0]
+"""``time.perf_counter()`` when Dynamo last started compiling a frame, and when a backend
+last returned to it."""
 
 
 def _on_dynamo_start(_args: Any) -> None:
     _dynamo_started[0] = time.perf_counter()
 
 
-torch._dynamo.callback_handler.register_start_callback(_on_dynamo_start)
+def _watch_dynamo() -> bool:
+    """Have Dynamo report when it starts compiling a frame (``torch._dynamo.reset()`` drops
+    the callback, so every backend and every graph re-registers it). Returns whether it
+    was registered already."""
+    handler = torch._dynamo.callback_handler
+    if _on_dynamo_start in handler.start_callbacks:
+        return True
+    handler.register_start_callback(_on_dynamo_start)
+    return False
 
 
 def _progress_env() -> bool | None:
@@ -388,6 +398,7 @@ class Backend:
         range_dim: tuple[str, int] | None = None,
     ) -> None:
         self.progress_env = _progress_env()  # a bad value fails here
+        _watch_dynamo()
         if compiler not in COMPILERS:
             raise ValueError(f"unknown compiler {compiler!r}; choose one of {COMPILERS}")
         # Unknown names fail here, not mid-trace.
@@ -444,11 +455,21 @@ class Backend:
         return sys.stderr.isatty()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        record = GraphRecord(len(self.graphs), time.perf_counter(), _has_symbols(gm))
+        # Dynamo traced since it started on the frame, or since the backend last returned
+        # (a restarted trace, a second graph of the same frame). Unknown when a reset
+        # dropped the callback.
+        since = max(_dynamo_started)
+        if _watch_dynamo() and 0.0 < since <= record.entered_at:
+            record.trace_s = record.entered_at - since
+        try:
+            return self._handle(record, gm)
+        finally:
+            _dynamo_started[1] = time.perf_counter()
+
+    def _handle(self, record: GraphRecord, gm: torch.fx.GraphModule) -> Callable[..., Any]:
         from fxcodegen import codegen  # needs the compiled core
 
-        record = GraphRecord(len(self.graphs), time.perf_counter(), _has_symbols(gm))
-        if 0.0 < _dynamo_started[0] <= record.entered_at:
-            record.trace_s = record.entered_at - _dynamo_started[0]
         self.graphs.append(record)
         before = counters.copy()
         floats = _unspecialized_floats(gm)
