@@ -203,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         for k in ("range", "size", "static"):
             if k in g.compile_by_kind:
-                print(f"      compiling {k + ' entries':<14}{g.compile_by_kind[k]:8.3f}s")
+                print(f"      {'compiling ' + k + ' entries':<20}{g.compile_by_kind[k]:8.3f}s")
         if g.loaded:
-            print(f"      loading artifacts   {g.load_s:8.3f}s")
+            print(f"      {'loading artifacts':<20}{g.load_s:8.3f}s")
         print(f"    codegen (stitching)   {g.codegen_s:8.4f}s")
         first = "not run" if g.first_run_s is None else f"{g.first_run_s:8.3f}s"
         print(f"    first run             {first:>9}  (includes Inductor's runtime autotuning)")
