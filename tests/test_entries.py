@@ -297,3 +297,20 @@ def test_bounds_reach_inductor_and_never_dynamo() -> None:
         assert len(be.graphs) == 1
         assert rec.compile_by_kind.keys() == {"range", "size"}
         assert rec.first_run_s is not None
+
+
+def test_guards_the_range_does_not_prove_are_reported() -> None:
+    from fxcodegen.entries import unproven_guards
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    env = ShapeEnv()
+    s = env.create_symbol(10, ConstantSource("n"), dynamic_dim=DimDynamic.DYNAMIC)
+    env.constrain_symbol_range(s, compiler_min=2, compiler_max=16)
+    n = env.create_symintnode(s, hint=10)
+    assert unproven_guards(env, s, 2, 16) == []
+    assert n >= 2  # implied by the range: no guard needed
+    assert unproven_guards(env, s, 2, 16) == []
+    assert n > 8  # true at the hint, not on [2, 16]: a guard
+    assert unproven_guards(env, s, 2, 16) == [f"{s} > 8"]
+    assert unproven_guards(env, s, 9, 16) == []  # a range it holds on

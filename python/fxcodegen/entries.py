@@ -39,6 +39,7 @@ __all__ = [
     "inductor_artifact_bytes",
     "load_inductor_artifact",
     "returns_sequence",
+    "unproven_guards",
     "wrap_inductor",
 ]
 
@@ -317,19 +318,26 @@ def _retraced(graph: torch.fx.GraphModule, args: list[Any], mode: Any) -> torch.
     return gm
 
 
-def _unproven_guards(env: Any, symbol: sympy.Symbol | None) -> list[str]:
-    """Guards the compile added on ``symbol`` that its value range does not prove."""
-    from torch.utils._sympy.value_ranges import bound_sympy
+def unproven_guards(env: Any, symbol: sympy.Symbol, lo: int, hi: int | None) -> list[str]:
+    """The guards in ``env`` on ``symbol`` that ``lo <= symbol <= hi`` does not prove (a
+    compile that added them relied on something true at the size hint only). The range is
+    passed in: adding a guard narrows the ShapeEnv's own range to fit it."""
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
-    if symbol is None:
-        return []
+    ranges = dict(env.var_to_range)
+    ranges[symbol] = ValueRanges(lo, int_oo if hi is None else hi)
     out = []
     for guard in getattr(env, "guards", []):
         expr = guard.expr
         if symbol not in expr.free_symbols:
             continue
-        vr = bound_sympy(expr, env.var_to_range)
-        if not (vr.is_singleton() and bool(vr.lower)):
+        try:
+            vr = bound_sympy(expr, ranges)
+            proven = vr.is_singleton() and bool(vr.lower)
+        except Exception:  # noqa: BLE001 - an expression it cannot bound is not proven
+            proven = False
+        if not proven:
             out.append(str(expr))
     return out
 
@@ -383,8 +391,8 @@ def compile_entry(
         donate_graph_module=True,
     )
     new = symbols.get(symbol) if symbol is not None else None
-    if isinstance(new, sympy.Symbol):
-        unproven = _unproven_guards(mode.shape_env, new)
+    if isinstance(new, sympy.Symbol) and bounds is not None:
+        unproven = unproven_guards(mode.shape_env, new, bounds.lo, bounds.hi)
         if unproven:
             log.warning(
                 "fxcodegen: %s [%s]: Inductor's code assumes %s: true at the size hint, "
