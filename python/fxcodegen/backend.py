@@ -23,14 +23,11 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from fxcodegen.cache import Artifact, Cache, PieceRecord, compute_key, make_factors, open_cache
-from fxcodegen.concrete import fake_args, is_symbolic
 from fxcodegen.entries import entry_config
 from fxcodegen.keys import (
     KEY_VERSION,
@@ -48,255 +45,22 @@ from fxcodegen.piecewise import (
     plan_entries,
 )
 from fxcodegen.ranges import normalize_ranges, normalize_sizes
+from fxcodegen.records import (
+    GraphRecord,
+    Progress,
+    add_entry_times,
+    mark_returned,
+    progress_env,
+    timing_first_run,
+    trace_seconds,
+    watch_dynamo,
+)
 from fxcodegen.split import SplitItem, resolve_splitting_ops, split_graph
+from fxcodegen.traced import check_range_dim, dispatch_symbol, has_symbols, unspecialized_floats
 
 __all__ = ["Backend", "GraphRecord", "backend"]
 
 log = logging.getLogger("fxcodegen")
-
-
-@dataclass
-class GraphRecord:
-    """What the backend did with one graph Dynamo handed it, and how long each step took.
-
-    Timings (seconds): ``trace_s`` (Dynamo's trace, from the start of its frame compile to
-    the backend call; ``None`` when unknown), ``split_s``, ``key_s`` (the cache key),
-    ``compile_s`` (compiling, loading and reusing every piece-entry) of which
-    ``compile_by_kind`` (seconds compiling entries of each kind: ``"range"``, ``"size"``,
-    ``"static"``) and ``load_s`` (loading artifacts), ``codegen_s`` (generating or binding
-    the stitching function) and ``first_run_s`` (the graph's first call, which includes
-    Inductor's runtime autotuning where any happens; ``None`` until then).
-    """
-
-    index: int
-    entered_at: float
-    """``time.perf_counter()`` when the backend was called (Dynamo's trace ends here)."""
-    symbolic: bool
-    """Whether the graph had symbolic inputs (else it was specialised to one size)."""
-    trace_s: float | None = None
-    split_s: float = 0.0
-    compile_s: float = 0.0
-    compile_by_kind: dict[str, float] = field(default_factory=dict)
-    load_s: float = 0.0
-    codegen_s: float = 0.0
-    first_run_s: float | None = None
-    num_pieces: int = 0
-    num_splitting: int = 0
-    num_entries: int = 0
-    compiled: int = 0
-    reused: int = 0
-    """Piece-entries served by an identical piece's compile."""
-    shared: int = 0
-    """Piece-entries served by another entry of the same piece (the compiler is given the
-    same for both)."""
-    loaded: int = 0
-    cache: str = "off"
-    """What the artifact cache did: ``"abandoned"`` (Dynamo was asked to trace again with
-    float inputs specialised: nothing was compiled for this graph), ``"off"``
-    (``cache_dir=False``), ``"bypassed"``
-    (compiler without artifacts), ``"untrusted"`` (directory not trusted), ``"unkeyable"``
-    (the graph holds objects without a stable identity), ``"miss"`` (compiled, stored
-    unless not storable), ``"hit"`` (loaded) or ``"healed"`` (loaded artifact unusable:
-    compiled afresh and replaced)."""
-    cache_key: str = ""
-    key_s: float = 0.0
-    """Seconds spent computing the cache key."""
-    dispatch_symbol: Any = None
-    """The symbol the compile ranges apply to (``None``: the graph has no symbolic size)."""
-    split_gm: torch.fx.GraphModule | None = None
-    items: list[SplitItem] = field(default_factory=list)
-    pieces: dict[str, PiecewiseBackend] = field(default_factory=dict)
-    code: str = ""
-    """The generated stitching source."""
-
-    def timings(self) -> str:
-        """The timings as one line of text."""
-        kinds = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(self.compile_by_kind.items()))
-        trace = "?" if self.trace_s is None else f"{self.trace_s:.3f}s"
-        first = "not yet" if self.first_run_s is None else f"{self.first_run_s:.3f}s"
-        return (
-            f"trace {trace}, split {self.split_s:.3f}s, key {self.key_s:.3f}s, "
-            f"compile {self.compile_s:.2f}s ({kinds or 'nothing compiled'}), "
-            f"load {self.load_s:.2f}s, "
-            f"{'bind' if self.cache == 'hit' else 'codegen'} {self.codegen_s:.4f}s, "
-            f"first run {first}"
-        )
-
-    def summary(self) -> str:
-        return (
-            f"graph {self.index} ({'symbolic' if self.symbolic else 'static'}): "
-            f"{self.num_pieces} pieces ({self.num_splitting} splitting, inlined), "
-            f"{self.num_entries} piece-entries: {self.compiled} compiled, {self.reused} reused, "
-            f"{self.shared} shared, {self.loaded} loaded; cache {self.cache}"
-            + (f" {self.cache_key[:16]}" if self.cache_key else "")
-            + f"; {self.timings()}"
-        )
-
-
-_dynamo_started: list[float] = [0.0, 0.0]
-"""``time.perf_counter()`` when Dynamo last started compiling a frame, and when a backend
-last returned to it."""
-
-
-def _on_dynamo_start(_args: Any) -> None:
-    _dynamo_started[0] = time.perf_counter()
-
-
-def _watch_dynamo() -> bool:
-    """Have Dynamo report when it starts compiling a frame (``torch._dynamo.reset()`` drops
-    the callback, so every backend and every graph re-registers it). Returns whether it
-    was registered already."""
-    handler = torch._dynamo.callback_handler
-    if _on_dynamo_start in handler.start_callbacks:
-        return True
-    handler.register_start_callback(_on_dynamo_start)
-    return False
-
-
-def _progress_env() -> bool | None:
-    """``FXCODEGEN_PROGRESS``: ``"1"`` on, ``"0"`` off, unset or ``""`` automatic (None)."""
-    value = os.environ.get("FXCODEGEN_PROGRESS")
-    if value in (None, ""):
-        return None
-    if value not in ("0", "1"):
-        raise ValueError(
-            f"FXCODEGEN_PROGRESS={value!r} is not understood: use 1 (show a progress bar), "
-            "0 (log lines only) or leave it unset (a bar when stderr is a terminal)"
-        )
-    return value == "1"
-
-
-class _Progress:
-    """Piece-entries done out of the total: a tqdm bar on stderr when enabled, an INFO
-    log line per entry otherwise."""
-
-    def __init__(self, total: int, enabled: bool, graph: int) -> None:
-        self.total = total
-        self.graph = graph
-        self.done = 0
-        self.bar = (
-            tqdm(
-                total=total,
-                file=sys.stderr,
-                desc=f"fxcodegen graph {graph}",
-                unit=" piece-entries",
-                bar_format="{desc}: {bar:20} {n_fmt}/{total_fmt} piece-entries "
-                "[{elapsed}] {postfix}",
-                leave=True,
-            )
-            if enabled and total > 0
-            else None
-        )
-
-    def start(self, piece: str, entry: Entry) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(f"{piece} [{entry}]")
-        else:
-            log.info(
-                "graph %d: %s [%s] (%d/%d)", self.graph, piece, entry, self.done + 1, self.total
-            )
-
-    def step(self, piece: str, entry: Entry, how: str) -> None:
-        self.done += 1
-        log.debug("%s [%s]: %s (%d/%d)", piece, entry, how, self.done, self.total)
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str("")
-            self.bar.close()
-
-
-def _has_symbols(gm: torch.fx.GraphModule) -> bool:
-    return any(is_symbolic(v) for v in fake_args(gm))
-
-
-def _unspecialized_floats(gm: torch.fx.GraphModule) -> list[str]:
-    """The names of the float symbols Dynamo made of Python float inputs (each a 0-d tensor
-    input read only by ``.item()``) that are not yet marked to be specialised."""
-    from torch._dynamo.symbolic_convert import TensorifyState
-
-    names = []
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        memo = getattr(node.meta.get("example_value"), "item_memo", None)
-        name = getattr(getattr(getattr(memo, "node", None), "_expr", None), "name", None)
-        if (
-            isinstance(memo, torch.SymFloat)
-            and isinstance(name, str)
-            and node.users
-            and all(u.op == "call_method" and u.target == "item" for u in node.users)
-            and not TensorifyState.should_specialize(name)
-        ):
-            names.append(name)
-    return names
-
-
-def _check_range_dim(range_dim: Any) -> tuple[str, int] | None:
-    if range_dim is None:
-        return None
-    if (
-        not isinstance(range_dim, (tuple, list))
-        or len(range_dim) != 2
-        or not isinstance(range_dim[0], str)
-        or not range_dim[0].isidentifier()
-        or isinstance(range_dim[1], bool)
-        or not isinstance(range_dim[1], int)
-    ):
-        raise TypeError(
-            f"range_dim must be (argument name, dimension), e.g. ('input_ids', 1), "
-            f"got {range_dim!r}"
-        )
-    return (range_dim[0], range_dim[1])
-
-
-def _source_name(node: torch.fx.Node) -> str:
-    arg = node.meta.get("grapharg")
-    source = getattr(arg, "source", None)
-    return source.name if isinstance(getattr(source, "name", None), str) else ""
-
-
-def _dispatch_symbol(gm: torch.fx.GraphModule, range_dim: tuple[str, int] | None) -> Any:
-    """The symbol the compile ranges apply to.
-
-    With ``range_dim=(name, dim)``: the size of dimension ``dim`` of the input argument
-    ``name``. By default: the last symbolic dimension of the first tensor input that has
-    one (the sequence or token dimension of ``input_ids``, ``(batch, seq)``, and of
-    ``(tokens, hidden)`` activations), else the first symbolic SymInt input.
-    """
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    values = fake_args(gm)
-    if range_dim is not None:
-        name, dim = range_dim
-        for node, v in zip(placeholders, values, strict=True):
-            src = _source_name(node)
-            if isinstance(v, torch.Tensor) and (
-                src.endswith(f"['{name}']") or src.endswith(f".{name}") or node.name == name
-            ):
-                if not -v.dim() <= dim < v.dim():
-                    raise ValueError(f"range_dim {range_dim!r}: {name} has {v.dim()} dimensions")
-                size = v.shape[dim]
-                if not (isinstance(size, torch.SymInt) and is_symbolic(size)):
-                    log.warning(
-                        "fxcodegen: range_dim %r: that size is static (%s) in this graph",
-                        range_dim,
-                        size,
-                    )
-                    return None
-                return size.node.expr
-        raise ValueError(f"range_dim {range_dim!r}: the graph has no tensor input {name!r}")
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            dims = [d for d in v.shape if isinstance(d, torch.SymInt) and is_symbolic(d)]
-            dims = [d for d in dims if len(d.node.expr.free_symbols) == 1 and d.node.expr.is_Symbol]
-            if dims:
-                return dims[-1].node.expr
-    for v in values:
-        if isinstance(v, torch.SymInt) and is_symbolic(v) and v.node.expr.is_Symbol:
-            return v.node.expr
-    return None
 
 
 _ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -349,38 +113,6 @@ def _piece_record(name: str, piece: PiecewiseBackend) -> PieceRecord:
 InductorConfig = Mapping[str, Any] | Callable[[Entry], Mapping[str, Any]] | None
 
 
-def _add_entry_times(record: GraphRecord, pieces: Mapping[str, PiecewiseBackend]) -> None:
-    """Fill ``record``'s compile time by entry kind and its artifact load time."""
-    for piece in pieces.values():
-        for entry, seconds in piece.entry_seconds.items():
-            how = piece.how[entry]
-            if how == "compiled":
-                record.compile_by_kind[entry.kind] = (
-                    record.compile_by_kind.get(entry.kind, 0.0) + seconds
-                )
-            elif how == "loaded":
-                record.load_s += seconds
-
-
-def _timing_first_run(fn: Callable[..., Any], record: GraphRecord) -> Callable[..., Any]:
-    """``fn``, timing its first successful call into ``record.first_run_s`` and logging
-    the graph's summary and timings then (one INFO line per graph)."""
-    pending = True
-
-    def run(*args: Any) -> Any:
-        nonlocal pending
-        if not pending:
-            return fn(*args)
-        t0 = time.perf_counter()
-        out = fn(*args)
-        record.first_run_s = time.perf_counter() - t0
-        pending = False
-        log.info("fxcodegen: %s", record.summary())
-        return out
-
-    return run
-
-
 class Backend:
     """A ``torch.compile`` backend (see :func:`backend`). Keeps a :class:`GraphRecord` per
     graph in :attr:`graphs` and one :class:`CompiledPool` shared by all its graphs."""
@@ -397,15 +129,15 @@ class Backend:
         progress: bool | None = None,
         range_dim: tuple[str, int] | None = None,
     ) -> None:
-        self.progress_env = _progress_env()  # a bad value fails here
-        _watch_dynamo()
+        self.progress_env = progress_env()  # a bad value fails here
+        watch_dynamo()
         if compiler not in COMPILERS:
             raise ValueError(f"unknown compiler {compiler!r}; choose one of {COMPILERS}")
         # Unknown names fail here, not mid-trace.
         self.splitting = resolve_splitting_ops(splitting_ops)
         self.splitting_ops = list(self.splitting.names)
         """The canonical names of the splitting ops (what keys and logs show)."""
-        self.range_dim = _check_range_dim(range_dim)
+        self.range_dim = check_range_dim(range_dim)
         self.compile_ranges = None if compile_ranges is None else normalize_ranges(compile_ranges)
         self.compile_sizes = normalize_sizes(compile_sizes)
         if self.compile_ranges == [] and not self.compile_sizes:
@@ -455,24 +187,19 @@ class Backend:
         return sys.stderr.isatty()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        record = GraphRecord(len(self.graphs), time.perf_counter(), _has_symbols(gm))
-        # Dynamo traced since it started on the frame, or since the backend last returned
-        # (a restarted trace, a second graph of the same frame). Unknown when a reset
-        # dropped the callback.
-        since = max(_dynamo_started)
-        if _watch_dynamo() and 0.0 < since <= record.entered_at:
-            record.trace_s = record.entered_at - since
+        record = GraphRecord(len(self.graphs), time.perf_counter(), has_symbols(gm))
+        record.trace_s = trace_seconds(record.entered_at)
         try:
             return self._handle(record, gm)
         finally:
-            _dynamo_started[1] = time.perf_counter()
+            mark_returned()
 
     def _handle(self, record: GraphRecord, gm: torch.fx.GraphModule) -> Callable[..., Any]:
         from fxcodegen import codegen  # needs the compiled core
 
         self.graphs.append(record)
         before = counters.copy()
-        floats = _unspecialized_floats(gm)
+        floats = unspecialized_floats(gm)
         if floats:
             # Dynamo made float inputs symbolic; a compiled piece would have to specialise
             # them anyway, by making Dynamo trace again. Asking for that before compiling
@@ -490,7 +217,7 @@ class Backend:
             )
             raise TensorifyScalarRestartAnalysis
 
-        record.dispatch_symbol = _dispatch_symbol(gm, self.range_dim)
+        record.dispatch_symbol = dispatch_symbol(gm, self.range_dim)
         t0 = time.perf_counter()
         split_gm, items = split_graph(gm, self.splitting, graph_name=f"graph {record.index}")
         record.split_s = time.perf_counter() - t0
@@ -521,7 +248,7 @@ class Backend:
         record.reused = counters["compile_reused"] - before["compile_reused"]
         record.shared = counters["compile_shared"] - before["compile_shared"]
         record.loaded = counters["artifact_loaded"] - before["artifact_loaded"]
-        return _timing_first_run(fn, record)
+        return timing_first_run(fn, record)
 
     # the cold path ---------------------------------------------------------------------
     def _compile_and_generate(
@@ -537,7 +264,7 @@ class Backend:
         before = counters.copy()
         t0 = time.perf_counter()
         total = sum(self._num_entries(it.graph, record) for it in to_compile)
-        progress = _Progress(total, self._progress_enabled(), record.index)
+        progress = Progress(total, self._progress_enabled(), record.index)
         pieces: dict[str, PiecewiseBackend] = {}
         try:
             for it in to_compile:
@@ -561,7 +288,7 @@ class Backend:
         record.pieces = pieces
         record.num_entries = sum(len(p.entries) for p in pieces.values())
         record.compile_s = time.perf_counter() - t0
-        _add_entry_times(record, pieces)
+        add_entry_times(record, pieces)
         log.info(
             "graph %d: compiled %d piece-entries with %s in %.2fs (%d compiles, %d reused, "
             "%d shared, %d loaded)",
@@ -763,7 +490,7 @@ class Backend:
         snapshot = counters.copy()
         scratch = self.pool.copy()  # merged into self.pool only on success
         piece_keys = factors["extra"]["pieces"]
-        progress = _Progress(
+        progress = Progress(
             sum(len(p.entries) for p in art.pieces), self._progress_enabled(), record.index
         )
         try:
@@ -816,7 +543,7 @@ class Backend:
         record.pieces = pieces
         record.num_entries = sum(len(p.entries) for p in pieces.values())
         record.compile_s = compile_s
-        _add_entry_times(record, pieces)
+        add_entry_times(record, pieces)
         record.codegen_s = time.perf_counter() - t1
         record.code = art.code
         log.info(
