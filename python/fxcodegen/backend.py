@@ -23,194 +23,44 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
 from fxcodegen.cache import Artifact, Cache, PieceRecord, compute_key, make_factors, open_cache
-from fxcodegen.concrete import fake_args, is_symbolic
-from fxcodegen.keys import KEY_VERSION, entry_key, split_graph_key, structural_key_stable
-from fxcodegen.piecewise import COMPILERS, CompiledPool, Entry, PiecewiseBackend, counters
+from fxcodegen.entries import entry_config
+from fxcodegen.keys import (
+    KEY_VERSION,
+    config_repr,
+    entry_key,
+    split_graph_key,
+    structural_key_stable,
+)
+from fxcodegen.piecewise import (
+    COMPILERS,
+    CompiledPool,
+    Entry,
+    PiecewiseBackend,
+    counters,
+    plan_entries,
+)
 from fxcodegen.ranges import normalize_ranges, normalize_sizes
+from fxcodegen.records import (
+    GraphRecord,
+    Progress,
+    add_entry_times,
+    mark_returned,
+    progress_env,
+    timing_first_run,
+    trace_seconds,
+    watch_dynamo,
+)
 from fxcodegen.split import SplitItem, resolve_splitting_ops, split_graph
+from fxcodegen.traced import check_range_dim, dispatch_symbol, has_symbols, unspecialized_floats
 
 __all__ = ["Backend", "GraphRecord", "backend"]
 
 log = logging.getLogger("fxcodegen")
-
-
-@dataclass
-class GraphRecord:
-    """What the backend did with one graph Dynamo handed it."""
-
-    index: int
-    entered_at: float
-    """``time.perf_counter()`` when the backend was called (Dynamo's trace ends here)."""
-    symbolic: bool
-    """Whether the graph had symbolic inputs (else it was specialised to one size)."""
-    split_s: float = 0.0
-    compile_s: float = 0.0
-    codegen_s: float = 0.0
-    num_pieces: int = 0
-    num_splitting: int = 0
-    num_entries: int = 0
-    compiled: int = 0
-    reused: int = 0
-    loaded: int = 0
-    cache: str = "off"
-    """What the artifact cache did: ``"abandoned"`` (Dynamo was asked to trace again with
-    float inputs specialised: nothing was compiled for this graph), ``"off"``
-    (``cache_dir=False``), ``"bypassed"``
-    (compiler without artifacts), ``"untrusted"`` (directory not trusted), ``"unkeyable"``
-    (the graph holds objects without a stable identity), ``"miss"`` (compiled, stored
-    unless not storable), ``"hit"`` (loaded) or ``"healed"`` (loaded artifact unusable:
-    compiled afresh and replaced)."""
-    cache_key: str = ""
-    key_s: float = 0.0
-    """Seconds spent computing the cache key."""
-    dispatch_symbol: Any = None
-    """The symbol the compile ranges apply to (``None``: the graph has no symbolic size)."""
-    split_gm: torch.fx.GraphModule | None = None
-    items: list[SplitItem] = field(default_factory=list)
-    pieces: dict[str, PiecewiseBackend] = field(default_factory=dict)
-    code: str = ""
-    """The generated stitching source."""
-
-    def summary(self) -> str:
-        return (
-            f"graph {self.index} ({'symbolic' if self.symbolic else 'static'}): "
-            f"{self.num_pieces} pieces ({self.num_splitting} splitting, inlined), "
-            f"{self.num_entries} piece-entries: {self.compiled} compiled, {self.reused} reused, "
-            f"{self.loaded} loaded; cache {self.cache}"
-            + (f" {self.cache_key[:16]}" if self.cache_key else "")
-            + f"; split {self.split_s:.3f}s, key {self.key_s:.3f}s, "
-            f"{'load' if self.cache == 'hit' else 'compile'} {self.compile_s:.2f}s, "
-            f"{'bind' if self.cache == 'hit' else 'codegen'} {self.codegen_s:.4f}s"
-        )
-
-
-class _Progress:
-    """A one-line progress display on stderr (no dependency)."""
-
-    def __init__(self, total: int, enabled: bool, stream: TextIO) -> None:
-        self.total = total
-        self.enabled = enabled and total > 0
-        self.stream = stream
-        self.done = 0
-        self.how: dict[str, int] = {}
-        self.t0 = time.perf_counter()
-
-    def step(self, entry: Entry, how: str, piece: str) -> None:
-        self.done += 1
-        self.how[how] = self.how.get(how, 0) + 1
-        log.debug("%s [%s]: %s (%d/%d)", piece, entry, how, self.done, self.total)
-        if self.enabled:
-            parts = ", ".join(f"{n} {k}" for k, n in sorted(self.how.items()))
-            width = 24
-            filled = width * self.done // self.total
-            bar = "#" * filled + "." * (width - filled)
-            self.stream.write(
-                f"\rfxcodegen: [{bar}] {self.done}/{self.total} piece-entries ({parts}) "
-                f"{time.perf_counter() - self.t0:.1f}s"
-            )
-            self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def _has_symbols(gm: torch.fx.GraphModule) -> bool:
-    return any(is_symbolic(v) for v in fake_args(gm))
-
-
-def _unspecialized_floats(gm: torch.fx.GraphModule) -> list[str]:
-    """The names of the float symbols Dynamo made of Python float inputs (each a 0-d tensor
-    input read only by ``.item()``) that are not yet marked to be specialised."""
-    from torch._dynamo.symbolic_convert import TensorifyState
-
-    names = []
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        memo = getattr(node.meta.get("example_value"), "item_memo", None)
-        name = getattr(getattr(getattr(memo, "node", None), "_expr", None), "name", None)
-        if (
-            isinstance(memo, torch.SymFloat)
-            and isinstance(name, str)
-            and node.users
-            and all(u.op == "call_method" and u.target == "item" for u in node.users)
-            and not TensorifyState.should_specialize(name)
-        ):
-            names.append(name)
-    return names
-
-
-def _check_range_dim(range_dim: Any) -> tuple[str, int] | None:
-    if range_dim is None:
-        return None
-    if (
-        not isinstance(range_dim, (tuple, list))
-        or len(range_dim) != 2
-        or not isinstance(range_dim[0], str)
-        or not range_dim[0].isidentifier()
-        or isinstance(range_dim[1], bool)
-        or not isinstance(range_dim[1], int)
-    ):
-        raise TypeError(
-            f"range_dim must be (argument name, dimension), e.g. ('input_ids', 1), "
-            f"got {range_dim!r}"
-        )
-    return (range_dim[0], range_dim[1])
-
-
-def _source_name(node: torch.fx.Node) -> str:
-    arg = node.meta.get("grapharg")
-    source = getattr(arg, "source", None)
-    return source.name if isinstance(getattr(source, "name", None), str) else ""
-
-
-def _dispatch_symbol(gm: torch.fx.GraphModule, range_dim: tuple[str, int] | None) -> Any:
-    """The symbol the compile ranges apply to.
-
-    With ``range_dim=(name, dim)``: the size of dimension ``dim`` of the input argument
-    ``name``. By default: the last symbolic dimension of the first tensor input that has
-    one (the sequence or token dimension of ``input_ids``, ``(batch, seq)``, and of
-    ``(tokens, hidden)`` activations), else the first symbolic SymInt input.
-    """
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    values = fake_args(gm)
-    if range_dim is not None:
-        name, dim = range_dim
-        for node, v in zip(placeholders, values, strict=True):
-            src = _source_name(node)
-            if isinstance(v, torch.Tensor) and (
-                src.endswith(f"['{name}']") or src.endswith(f".{name}") or node.name == name
-            ):
-                if not -v.dim() <= dim < v.dim():
-                    raise ValueError(f"range_dim {range_dim!r}: {name} has {v.dim()} dimensions")
-                size = v.shape[dim]
-                if not (isinstance(size, torch.SymInt) and is_symbolic(size)):
-                    log.warning(
-                        "fxcodegen: range_dim %r: that size is static (%s) in this graph",
-                        range_dim,
-                        size,
-                    )
-                    return None
-                return size.node.expr
-        raise ValueError(f"range_dim {range_dim!r}: the graph has no tensor input {name!r}")
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            dims = [d for d in v.shape if isinstance(d, torch.SymInt) and is_symbolic(d)]
-            dims = [d for d in dims if len(d.node.expr.free_symbols) == 1 and d.node.expr.is_Symbol]
-            if dims:
-                return dims[-1].node.expr
-    for v in values:
-        if isinstance(v, torch.SymInt) and is_symbolic(v) and v.node.expr.is_Symbol:
-            return v.node.expr
-    return None
 
 
 _ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -260,6 +110,9 @@ def _piece_record(name: str, piece: PiecewiseBackend) -> PieceRecord:
     )
 
 
+InductorConfig = Mapping[str, Any] | Callable[[Entry], Mapping[str, Any]] | None
+
+
 class Backend:
     """A ``torch.compile`` backend (see :func:`backend`). Keeps a :class:`GraphRecord` per
     graph in :attr:`graphs` and one :class:`CompiledPool` shared by all its graphs."""
@@ -272,17 +125,19 @@ class Backend:
         compile_sizes: Iterable[int] = (),
         compiler: str = "inductor",
         cache_dir: str | os.PathLike[str] | bool | None = None,
-        inductor_config: Mapping[str, Any] | None = None,
+        inductor_config: InductorConfig = None,
         progress: bool | None = None,
         range_dim: tuple[str, int] | None = None,
     ) -> None:
+        self.progress_env = progress_env()  # a bad value fails here
+        watch_dynamo()
         if compiler not in COMPILERS:
             raise ValueError(f"unknown compiler {compiler!r}; choose one of {COMPILERS}")
         # Unknown names fail here, not mid-trace.
         self.splitting = resolve_splitting_ops(splitting_ops)
         self.splitting_ops = list(self.splitting.names)
         """The canonical names of the splitting ops (what keys and logs show)."""
-        self.range_dim = _check_range_dim(range_dim)
+        self.range_dim = check_range_dim(range_dim)
         self.compile_ranges = None if compile_ranges is None else normalize_ranges(compile_ranges)
         self.compile_sizes = normalize_sizes(compile_sizes)
         if self.compile_ranges == [] and not self.compile_sizes:
@@ -302,7 +157,17 @@ class Backend:
         artifacts to store (``"eager"`` bypasses the cache)."""
         if compiler == "inductor":
             self.cache = open_cache(self.cache_dir)
-        self.inductor_config = dict(inductor_config or {})
+        if inductor_config is not None and not (
+            callable(inductor_config) or isinstance(inductor_config, Mapping)
+        ):
+            raise TypeError(
+                "inductor_config must be a dict of Inductor config patches or a callable "
+                f"entry -> dict, got {type(inductor_config).__name__}"
+            )
+        self.inductor_config: InductorConfig = (
+            inductor_config if callable(inductor_config) else dict(inductor_config or {})
+        )
+        """Inductor config patches, or a callable giving each entry its own."""
         self.progress = progress
         self.pool = CompiledPool()
         self.graphs: list[GraphRecord] = []
@@ -317,17 +182,24 @@ class Backend:
     def _progress_enabled(self) -> bool:
         if self.progress is not None:
             return self.progress
-        if os.environ.get("FXCODEGEN_PROGRESS", "") not in ("", "0"):
-            return True
+        if self.progress_env is not None:
+            return self.progress_env
         return sys.stderr.isatty()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        record = GraphRecord(len(self.graphs), time.perf_counter(), has_symbols(gm))
+        record.trace_s = trace_seconds(record.entered_at)
+        try:
+            return self._handle(record, gm)
+        finally:
+            mark_returned()
+
+    def _handle(self, record: GraphRecord, gm: torch.fx.GraphModule) -> Callable[..., Any]:
         from fxcodegen import codegen  # needs the compiled core
 
-        record = GraphRecord(len(self.graphs), time.perf_counter(), _has_symbols(gm))
         self.graphs.append(record)
         before = counters.copy()
-        floats = _unspecialized_floats(gm)
+        floats = unspecialized_floats(gm)
         if floats:
             # Dynamo made float inputs symbolic; a compiled piece would have to specialise
             # them anyway, by making Dynamo trace again. Asking for that before compiling
@@ -345,7 +217,7 @@ class Backend:
             )
             raise TensorifyScalarRestartAnalysis
 
-        record.dispatch_symbol = _dispatch_symbol(gm, self.range_dim)
+        record.dispatch_symbol = dispatch_symbol(gm, self.range_dim)
         t0 = time.perf_counter()
         split_gm, items = split_graph(gm, self.splitting, graph_name=f"graph {record.index}")
         record.split_s = time.perf_counter() - t0
@@ -385,9 +257,9 @@ class Backend:
 
         record.compiled = counters["compile"] - before["compile"]
         record.reused = counters["compile_reused"] - before["compile_reused"]
+        record.shared = counters["compile_shared"] - before["compile_shared"]
         record.loaded = counters["artifact_loaded"] - before["artifact_loaded"]
-        log.info("fxcodegen: %s", record.summary())
-        return fn
+        return timing_first_run(fn, record)
 
     # the cold path ---------------------------------------------------------------------
     def _compile_and_generate(
@@ -402,8 +274,8 @@ class Backend:
 
         before = counters.copy()
         t0 = time.perf_counter()
-        total = sum(self._num_entries(it.graph) for it in to_compile)
-        progress = _Progress(total, self._progress_enabled(), sys.stderr)
+        total = sum(self._num_entries(it.graph, record) for it in to_compile)
+        progress = Progress(total, self._progress_enabled(), record.index)
         pieces: dict[str, PiecewiseBackend] = {}
         try:
             for it in to_compile:
@@ -415,7 +287,8 @@ class Backend:
                     name=it.submod_name,
                     pool=self.pool,
                     inductor_config=self.inductor_config,
-                    on_entry=lambda e, how, n=it.submod_name: progress.step(e, how, n),
+                    before_entry=lambda e, n=it.submod_name: progress.start(n, e),
+                    on_entry=lambda e, how, n=it.submod_name: progress.step(n, e, how),
                     dispatch_symbol=record.dispatch_symbol,
                 )
                 pieces[it.submod_name] = piece
@@ -426,15 +299,17 @@ class Backend:
         record.pieces = pieces
         record.num_entries = sum(len(p.entries) for p in pieces.values())
         record.compile_s = time.perf_counter() - t0
+        add_entry_times(record, pieces)
         log.info(
             "graph %d: compiled %d piece-entries with %s in %.2fs (%d compiles, %d reused, "
-            "%d loaded)",
+            "%d shared, %d loaded)",
             record.index,
             record.num_entries,
             self.compiler,
             record.compile_s,
             counters["compile"] - before["compile"],
             counters["compile_reused"] - before["compile_reused"],
+            counters["compile_shared"] - before["compile_shared"],
             counters["artifact_loaded"] - before["artifact_loaded"],
         )
 
@@ -450,7 +325,10 @@ class Backend:
 
     # the cache -------------------------------------------------------------------------
     def cache_factors(
-        self, split_gm: torch.fx.GraphModule, to_compile: list[SplitItem]
+        self,
+        split_gm: torch.fx.GraphModule,
+        to_compile: list[SplitItem],
+        dispatch_symbol: Any = None,
     ) -> tuple[dict[str, Any], bool]:
         """``(factors, stable)`` of a split graph whose pieces are not compiled yet.
 
@@ -460,17 +338,29 @@ class Backend:
         ops, literals and the content of tensors the piece holds, which Inductor bakes in),
         ``values`` (:func:`split_graph_key`: the same over the whole split graph, i.e. every
         value the stitching code's pool bakes in, tensors by content), the global Inductor
-        config's hash and the device factors. Parameters passed as graph inputs are not
+        config's hash, ``entry_config`` (with a callable ``inductor_config``: the patches
+        it gives each piece's entries, by label) and the device factors. Parameters passed as graph inputs are not
         baked in, so their values are not in the key. ``stable`` is False when a part is
         keyed by object identity (then the graph is not cached).
         """
         from fxcodegen import codegen
 
         piece_keys: dict[str, str] = {}
+        entry_configs: dict[str, dict[str, Any]] = {}
         stable = True
         for it in to_compile:
             piece_keys[it.submod_name], ok = structural_key_stable(it.graph)
             stable = stable and ok
+            if callable(self.inductor_config):
+                entries = plan_entries(
+                    it.graph,
+                    compile_ranges=self.compile_ranges,
+                    compile_sizes=self.compile_sizes,
+                    dispatch_symbol=dispatch_symbol,
+                )[0]
+                entry_configs[it.submod_name] = {
+                    e.label: config_repr(entry_config(self.inductor_config, e)) for e in entries
+                }
         values, ok = split_graph_key(split_gm, piece_keys)
         stable = stable and ok
         factors = make_factors(
@@ -479,12 +369,17 @@ class Backend:
             compile_ranges=self.compile_ranges,
             compile_sizes=self.compile_sizes,
             compiler=self.compiler,
-            compiler_options={"config_patches": self.inductor_config},
+            compiler_options={
+                "config_patches": "per entry"
+                if callable(self.inductor_config)
+                else self.inductor_config
+            },
             extra={
                 "key_version": KEY_VERSION,
                 "pieces": piece_keys,
                 "values": values,
                 "inductor_config": _global_config_hash(),
+                **({"entry_config": entry_configs} if entry_configs else {}),
                 "range_dim": list(self.range_dim) if self.range_dim else None,
                 "devices": _device_factors(split_gm),
             },
@@ -505,7 +400,7 @@ class Backend:
             return None
         t0 = time.perf_counter()
         try:
-            factors, stable = self.cache_factors(split_gm, to_compile)
+            factors, stable = self.cache_factors(split_gm, to_compile, record.dispatch_symbol)
             key = compute_key(factors)
         except Exception as e:  # noqa: BLE001 - the cache must never break compiling
             log.warning(
@@ -606,8 +501,8 @@ class Backend:
         snapshot = counters.copy()
         scratch = self.pool.copy()  # merged into self.pool only on success
         piece_keys = factors["extra"]["pieces"]
-        progress = _Progress(
-            sum(len(p.entries) for p in art.pieces), self._progress_enabled(), sys.stderr
+        progress = Progress(
+            sum(len(p.entries) for p in art.pieces), self._progress_enabled(), record.index
         )
         try:
             stored = {p.name: p for p in art.pieces}
@@ -617,15 +512,12 @@ class Backend:
             pieces: dict[str, PiecewiseBackend] = {}
             for it in to_compile:
                 rec = stored[it.submod_name]
-                artifacts = {
-                    entry_key(
-                        piece_keys[it.submod_name],
-                        Entry.from_label(label),
-                        self.compiler,
-                        self.inductor_config,
-                    ): data
-                    for label, data in rec.entries.items()
-                }
+                artifacts = {}
+                for label, data in rec.entries.items():
+                    entry = Entry.from_label(label)
+                    patches = entry_config(self.inductor_config, entry)
+                    key = entry_key(piece_keys[it.submod_name], entry, self.compiler, patches)
+                    artifacts[key] = data
                 piece = PiecewiseBackend(
                     it.graph,
                     compile_ranges=self.compile_ranges,
@@ -636,7 +528,8 @@ class Backend:
                     artifacts=artifacts,
                     compile_missing=False,
                     inductor_config=self.inductor_config,
-                    on_entry=lambda e, how, n=it.submod_name: progress.step(e, how, n),
+                    before_entry=lambda e, n=it.submod_name: progress.start(n, e),
+                    on_entry=lambda e, how, n=it.submod_name: progress.step(n, e, how),
                     dispatch_symbol=record.dispatch_symbol,
                 )
                 if (
@@ -650,7 +543,7 @@ class Backend:
             t1 = time.perf_counter()
             fn = art.execution_fn(pieces)  # raises CodegenError for unbound pool slots
         except BaseException:
-            for name in ("artifact_loaded", "compile_reused", "compile"):
+            for name in ("artifact_loaded", "compile_reused", "compile_shared", "compile"):
                 counters[name] = snapshot[name]
             raise
         finally:
@@ -661,6 +554,7 @@ class Backend:
         record.pieces = pieces
         record.num_entries = sum(len(p.entries) for p in pieces.values())
         record.compile_s = compile_s
+        add_entry_times(record, pieces)
         record.codegen_s = time.perf_counter() - t1
         record.code = art.code
         log.info(
@@ -675,11 +569,14 @@ class Backend:
         )
         return fn
 
-    def _num_entries(self, gm: torch.fx.GraphModule) -> int:
-        if not any(isinstance(v, torch.SymInt) and is_symbolic(v) for v in fake_args(gm)):
-            return 1
-        ranges = 1 if self.compile_ranges is None else len(self.compile_ranges)
-        return ranges + len(self.compile_sizes)
+    def _num_entries(self, gm: torch.fx.GraphModule, record: GraphRecord) -> int:
+        entries = plan_entries(
+            gm,
+            compile_ranges=self.compile_ranges,
+            compile_sizes=self.compile_sizes,
+            dispatch_symbol=record.dispatch_symbol,
+        )[0]
+        return len(entries)
 
 
 def backend(
@@ -689,7 +586,7 @@ def backend(
     compile_sizes: Iterable[int] = (),
     compiler: str = "inductor",
     cache_dir: str | os.PathLike[str] | bool | None = None,
-    inductor_config: Mapping[str, Any] | None = None,
+    inductor_config: InductorConfig = None,
     progress: bool | None = None,
     range_dim: tuple[str, int] | None = None,
 ) -> Backend:
@@ -709,9 +606,13 @@ def backend(
         cache_dir: the artifact cache directory (``docs/cache.md``); ``None``:
             ``$FXCODEGEN_CACHE_DIR``, else ``~/.cache/fxcodegen``; ``False`` disables it.
             Only ``"inductor"`` uses it (``"eager"`` has nothing compiled to store).
-        inductor_config: Inductor config patches.
-        progress: show a progress line while compiling (default: when stderr is a TTY or
-            ``FXCODEGEN_PROGRESS=1``).
+        inductor_config: Inductor config patches, or a callable ``entry -> dict`` giving
+            each entry (:class:`fxcodegen.piecewise.Entry`: ``kind``, ``start``, ``end``,
+            ``label``) its own, e.g. max-autotune for single sizes only. The entry keys and
+            the cache key cover the patches each entry gets.
+        progress: show a progress bar while compiling (tqdm on stderr); else one INFO log
+            line per piece-entry. Default: ``FXCODEGEN_PROGRESS`` (``1`` on, ``0`` off; any
+            other non-empty value is a ``ValueError``), else when stderr is a terminal.
         range_dim: ``(argument name, dimension)`` of the size the ranges and sizes apply
             to, e.g. ``("input_ids", 1)``; default: the last symbolic dimension of the first
             tensor input (the tokens). Other symbolic sizes stay dynamic in every entry.

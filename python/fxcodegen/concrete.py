@@ -14,8 +14,16 @@ import sympy
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._sympy.numbers import int_oo
 
-__all__ = ["concrete_args", "concrete_value", "fake_args", "is_symbolic"]
+__all__ = [
+    "concrete_args",
+    "concrete_value",
+    "fake_args",
+    "finite_int",
+    "fresh_args",
+    "is_symbolic",
+]
 
 _MISSING = object()
 
@@ -146,3 +154,140 @@ def concrete_args(
     if fake:
         mode = fake_mode if fake_mode is not None else FakeTensorMode(shape_env=ShapeEnv())
     return [concrete_value(v, size, fake_mode=mode) for v in fake_args(gm)]
+
+
+def _symbols_in_order(values: list[Any]) -> list[sympy.Symbol]:
+    """The free symbols of ``values`` (sizes, strides, offsets, scalars), in order of
+    appearance."""
+    seen: dict[sympy.Symbol, None] = {}
+
+    def add(v: Any) -> None:
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            for s in sorted(v.node.expr.free_symbols, key=str):
+                seen.setdefault(s, None)
+
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.layout == torch.strided:
+            for d in (*v.shape, *v.stride(), v.storage_offset()):
+                add(d)
+        else:
+            add(v)
+    return list(seen)
+
+
+def _source_env(values: list[Any]) -> Any:
+    for v in values:
+        dims = [*v.shape, *v.stride()] if isinstance(v, torch.Tensor) else [v]
+        for d in dims:
+            if isinstance(d, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return d.node.shape_env
+    return None
+
+
+def finite_int(bound: Any) -> int | None:
+    """A value-range bound as an int, ``None`` for an infinite one."""
+    if bound in (int_oo, -int_oo, sympy.oo, -sympy.oo):
+        return None
+    return int(bound)
+
+
+def fresh_args(
+    gm: torch.fx.GraphModule,
+    fake_mode: FakeTensorMode,
+    *,
+    values: dict[sympy.Symbol, int] | None = None,
+    bounds: dict[sympy.Symbol, tuple[int, int]] | None = None,
+    hints: dict[sympy.Symbol, int] | None = None,
+    symbols_out: dict[sympy.Symbol, sympy.Expr] | None = None,
+) -> list[Any]:
+    """``gm``'s example arguments re-created in ``fake_mode`` (which must have its own
+    ShapeEnv), so that whatever a compiler adds to that ShapeEnv (guards, replacements,
+    narrowed ranges) never reaches the one the graph was traced in.
+
+    Each symbol of the traced arguments becomes: the integer ``values[s]``, or a new
+    symbol of ``fake_mode``'s ShapeEnv whose value range is the traced range narrowed to
+    ``bounds[s]`` (inclusive) and whose size hint is ``hints[s]`` (default: the traced
+    hint). A narrowed range that is empty raises ``ValueError``.
+    """
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    env = fake_mode.shape_env
+    if env is None:
+        raise ValueError("fresh_args needs a FakeTensorMode with a ShapeEnv")
+    values, bounds, hints = dict(values or {}), dict(bounds or {}), dict(hints or {})
+    examples = fake_args(gm)
+    old_env = _source_env(examples)
+    mapping: dict[sympy.Symbol, sympy.Expr] = {}
+    new_hints: dict[sympy.Symbol, int] = {}
+    for s in _symbols_in_order(examples):
+        if s in values:
+            mapping[s] = sympy.Integer(values[s])
+            new_hints[s] = int(values[s])
+            continue
+        old_range = old_env.var_to_range.get(s) if old_env is not None else None
+        lo = finite_int(old_range.lower) if old_range is not None else None
+        lo = 0 if lo is None else lo
+        hi = finite_int(old_range.upper) if old_range is not None else None
+        if s in bounds:
+            lo = max(lo, bounds[s][0])
+            hi = bounds[s][1] if hi is None else min(hi, bounds[s][1])
+        if hi is not None and lo > hi:
+            raise ValueError(f"symbol {s}: the range [{lo}, {hi}] is empty")
+        hint = hints.get(s)
+        if hint is None:
+            hint = old_env.var_to_val.get(s) if old_env is not None else None
+            hint = lo if hint is None else int(hint)
+        hint = max(lo, hint if hi is None else min(hi, hint))
+        new = env.create_symbol(
+            hint,
+            ConstantSource(f"fxcodegen_{s}"),
+            dynamic_dim=DimDynamic.DYNAMIC,
+            do_not_specialize_zero_one=True,
+        )
+        if isinstance(new, sympy.Symbol):
+            env.constrain_symbol_range(
+                new, compiler_min=lo, compiler_max=int_oo if hi is None else hi
+            )
+        mapping[s] = new
+        new_hints[s] = hint
+
+    def conv(v: Any) -> Any:
+        if not isinstance(v, torch.SymInt):
+            return v
+        expr = v.node.expr.xreplace(mapping)
+        if not expr.free_symbols:
+            return int(expr)
+        hint = int(v.node.expr.xreplace({s: sympy.Integer(h) for s, h in new_hints.items()}))
+        return env.create_symintnode(expr, hint=hint)
+
+    if symbols_out is not None:
+        symbols_out.update(mapping)
+    out: list[Any] = []
+    for v in examples:
+        if isinstance(v, torch.SymInt):
+            out.append(conv(v))
+        elif isinstance(v, (torch.SymFloat, torch.SymBool)):
+            if is_symbolic(v):
+                raise ValueError(f"cannot re-create a symbolic {type(v).__name__} input ({v})")
+            out.append(concrete_value(v, 0))
+        elif isinstance(v, torch.Tensor):
+            if v.layout != torch.strided:
+                raise ValueError(f"fresh_args supports strided tensors only, got {v.layout}")
+            shape = [conv(d) for d in v.shape]
+            stride = [conv(d) for d in v.stride()]
+            offset = conv(v.storage_offset())
+            with fake_mode:
+                t = torch.empty_strided(shape, stride, dtype=v.dtype, device=v.device)
+                if not (isinstance(offset, int) and offset == 0):
+                    t = torch.empty(
+                        offset + t.untyped_storage().nbytes() // t.element_size(),
+                        dtype=v.dtype,
+                        device=v.device,
+                    ).as_strided(shape, stride, offset)
+            if v.requires_grad:
+                t = t.detach().requires_grad_(True)
+            out.append(t)
+        else:
+            out.append(v)
+    return out

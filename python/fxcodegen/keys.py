@@ -23,13 +23,15 @@ import torch
 
 __all__ = [
     "KEY_VERSION",
+    "compile_key",
+    "config_repr",
     "entry_key",
     "split_graph_key",
     "structural_key",
     "structural_key_stable",
 ]
 
-KEY_VERSION = 1
+KEY_VERSION = 2
 """Bumped whenever the key layout changes, so old cache entries are never matched."""
 
 
@@ -275,6 +277,20 @@ def split_graph_key(
     return hashlib.sha256(text.encode()).hexdigest(), not keyer.unstable
 
 
+def _config_value(value: Any) -> str:
+    # A CustomGraphPass (anything with uuid()) is identified by its uuid, as Inductor's own
+    # cache does; other values by repr.
+    uuid = getattr(value, "uuid", None)
+    if callable(uuid):
+        return f"uuid:{uuid()!r}"
+    return repr(value)
+
+
+def config_repr(patches: Mapping[str, Any] | None) -> list[list[str]]:
+    """A JSON-able description of Inductor config patches (what the keys cover)."""
+    return sorted([str(k), _config_value(v)] for k, v in (patches or {}).items())
+
+
 def entry_key(
     struct_key: str,
     entry: Any,
@@ -282,15 +298,39 @@ def entry_key(
     inductor_config: Mapping[str, Any] | None = None,
 ) -> str:
     """The content key of one compiled entry (a :class:`fxcodegen.piecewise.Entry`): piece
-    structure, entry, compiler, its config and the torch version (artifacts only load into
-    the same torch build)."""
+    structure, entry, compiler, the config patches the entry is compiled with and the torch
+    version (artifacts only load into the same torch build)."""
     payload = json.dumps(
         [
             KEY_VERSION,
             struct_key,
             [entry.kind, entry.start, entry.end],
             compiler,
-            sorted((str(k), repr(v)) for k, v in (inductor_config or {}).items()),
+            config_repr(inductor_config),
+            torch.__version__,
+        ],
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def compile_key(
+    struct_key: str,
+    facts: Any,
+    compiler: str,
+    inductor_config: Mapping[str, Any] | None = None,
+) -> str:
+    """The sharing key of one compile: what reaches the compiler. ``facts`` describes what
+    it is told about the dispatch size (:meth:`fxcodegen.entries.Bounds.facts`, ``None``
+    for a static entry). Equal keys compile to the same thing and share one result."""
+    payload = json.dumps(
+        [
+            KEY_VERSION,
+            "compile",
+            struct_key,
+            facts,
+            compiler,
+            config_repr(inductor_config),
             torch.__version__,
         ],
         separators=(",", ":"),

@@ -1,18 +1,20 @@
 """Compile one piece of a split graph for every shape entry up front, and dispatch at run time.
 
 A piece with symbolic inputs gets one *entry* per compile range (compiled with dynamic
-shapes) and one per single compile size (compiled with static shapes from
-:func:`fxcodegen.concrete_args`). A piece without symbolic inputs has a single entry. All
-entries are compiled in the constructor; a call picks the entry by the runtime value of the
-dynamic size (exact size first, then the range holding it, by bisection).
+shapes, the dispatch size bounded to the range) and one per single compile size (that size
+baked in); a piece that does not depend on the dispatch size has a single entry. All
+entries are compiled in the constructor (:func:`fxcodegen.entries.compile_entry`); a call
+picks the entry by the runtime value of the dispatch size (exact size first, then the range
+holding it, by bisection).
 
-Identical pieces compile once: every entry has a content key (:func:`entry_key`, built on
-:func:`structural_key`), and a :class:`CompiledPool` shared between pieces maps keys to
-compiled results.
+Identical compiles happen once: every entry has a sharing key (:func:`compile_key`: the
+piece's :func:`structural_key`, what the compiler is told about the dispatch size, the
+compiler and its config patches), and a :class:`CompiledPool` shared between pieces maps
+keys to compiled results.
 
 Artifact cache seam (used by ``fxcodegen.cache``):
 
-- :attr:`PiecewiseBackend.entry_keys` gives each entry's content key;
+- :attr:`PiecewiseBackend.entry_keys` gives each entry's content key (:func:`entry_key`);
   :meth:`PiecewiseBackend.export_artifacts` returns ``{key: bytes}`` for its compiled entries
   (Inductor only; :func:`inductor_artifact_bytes` does one).
 - ``PiecewiseBackend(..., artifacts={key: bytes})`` loads those entries with
@@ -25,38 +27,52 @@ from __future__ import annotations
 import bisect
 import collections
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import sympy
 import torch
 
-from fxcodegen.concrete import concrete_args, fake_args, is_symbolic
-from fxcodegen.keys import entry_key, structural_key
+from fxcodegen.concrete import fake_args, is_symbolic
+from fxcodegen.entries import (
+    Bounds,
+    Compiled,
+    CompiledPool,
+    Entry,
+    compile_entry,
+    entry_bounds,
+    entry_config,
+    inductor_artifact_bytes,
+    load_inductor_artifact,
+    returns_sequence,
+    symbol_range,
+    wrap_inductor,
+)
+from fxcodegen.keys import compile_key, entry_key, structural_key
 from fxcodegen.ranges import Range, normalize_ranges, normalize_sizes
 
 __all__ = [
     "COMPILERS",
+    "Compiled",
     "CompiledPool",
     "Entry",
     "OutOfRangeError",
     "PiecewiseBackend",
-    "inductor_artifact_bytes",
     "counters",
+    "inductor_artifact_bytes",
     "load_inductor_artifact",
+    "plan_entries",
 ]
 
 log = logging.getLogger("fxcodegen")
 
 counters: collections.Counter[str] = collections.Counter()
-"""Process-wide counts: ``compile`` (calls into a compiler, one per distinct piece per
-entry), ``compile_reused`` (piece-entries served by an identical piece's result),
-``codegen`` (stitching functions generated), ``artifact_loaded`` (entries loaded from
-artifact bytes). Reset with ``counters.clear()``."""
+"""Process-wide counts: ``compile`` (calls into a compiler), ``compile_reused``
+(piece-entries served by an identical piece's result), ``compile_shared`` (entries served
+by another entry of the same piece that the compiler is given the same for),
+``artifact_loaded`` (entries loaded from artifact bytes), ``codegen`` (stitching functions
+generated). Reset with ``counters.clear()``."""
 
 COMPILERS = ("inductor", "eager")
 
@@ -66,140 +82,6 @@ ALL_SIZES = Range(0, 2**63 - 1)
 
 class OutOfRangeError(ValueError):
     """A runtime size falls in no compiled range and is no compiled size."""
-
-
-# --------------------------------------------------------------------------------------
-# Entries
-
-
-@dataclass(frozen=True, order=True)
-class Entry:
-    """One compiled variant of a piece: a range (dynamic shapes) or a single size (static),
-    or ``kind="static"`` for a piece without symbolic inputs."""
-
-    kind: str
-    """``"range"``, ``"size"`` or ``"static"``."""
-    start: int = 0
-    end: int = 0
-
-    @property
-    def range(self) -> Range:
-        return Range(self.start, self.end)
-
-    @property
-    def label(self) -> str:
-        """A short stable text: ``"range:1-8"``, ``"size:16"`` or ``"static"``."""
-        if self.kind == "static":
-            return "static"
-        if self.kind == "size":
-            return f"size:{self.start}"
-        return f"range:{self.start}-{self.end}"
-
-    @classmethod
-    def from_label(cls, label: str) -> Entry:
-        """The entry a :attr:`label` names."""
-        kind, _, rest = label.partition(":")
-        try:
-            if kind == "static" and not rest:
-                return cls("static")
-            if kind == "size":
-                return cls("size", int(rest), int(rest))
-            if kind == "range":
-                start, _, end = rest.partition("-")
-                Range(int(start), int(end))  # validates
-                return cls("range", int(start), int(end))
-        except ValueError:
-            pass
-        raise ValueError(f"not an entry label: {label!r}")
-
-    def __str__(self) -> str:
-        if self.kind == "range":
-            return f"range {Range(self.start, self.end)}"
-        if self.kind == "size":
-            return f"size {self.start}"
-        return "static"
-
-
-# --------------------------------------------------------------------------------------
-# Artifacts
-
-
-def inductor_artifact_bytes(artifact: Any) -> bytes:
-    """The bytes of an Inductor ``CompiledArtifact`` (what ``save(format="binary")`` writes)."""
-    to_bytes = getattr(artifact, "_to_binary_bytes", None)
-    if callable(to_bytes):
-        return to_bytes()
-    save = getattr(artifact, "save", None)
-    if not callable(save):
-        raise TypeError(f"{type(artifact).__name__} is not an Inductor CompiledArtifact")
-    with tempfile.TemporaryDirectory(prefix="fxcodegen-art-") as tmp:
-        path = os.path.join(tmp, "artifact.bin")
-        save(path=path, format="binary")
-        with open(path, "rb") as f:
-            return f.read()
-
-
-def load_inductor_artifact(data: bytes) -> Any:
-    """Load artifact bytes from :func:`inductor_artifact_bytes` into a callable (no compiling).
-
-    The bytes must come from the same torch build; anything else raises.
-    """
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"artifact data must be bytes, got {type(data).__name__}")
-    from torch._inductor import CompiledArtifact
-
-    with tempfile.TemporaryDirectory(prefix="fxcodegen-art-") as tmp:
-        path = os.path.join(tmp, "artifact.bin")
-        with open(path, "wb") as f:
-            f.write(bytes(data))
-        return CompiledArtifact.load(path=path, format="binary")
-
-
-@dataclass
-class Compiled:
-    """A compiled entry: the callable and, for Inductor, the artifact it came from."""
-
-    fn: Callable[..., Any]
-    artifact: Any = None
-    data: bytes | None = None
-    """The artifact's bytes when it was loaded from them (kept for re-export)."""
-
-    def to_bytes(self) -> bytes:
-        if self.data is None:
-            if self.artifact is None:
-                raise ValueError("this entry has no artifact (compiled with 'eager')")
-            self.data = inductor_artifact_bytes(self.artifact)
-        return self.data
-
-
-class CompiledPool:
-    """Compiled entries by :func:`entry_key`, shared by the pieces of one model so that
-    identical pieces compile once."""
-
-    def __init__(self) -> None:
-        self._by_key: dict[str, Compiled] = {}
-
-    def get(self, key: str) -> Compiled | None:
-        return self._by_key.get(key)
-
-    def put(self, key: str, compiled: Compiled) -> None:
-        self._by_key[key] = compiled
-
-    def __len__(self) -> int:
-        return len(self._by_key)
-
-    def copy(self) -> CompiledPool:
-        """A pool with the same entries (adding to it leaves this one unchanged)."""
-        out = CompiledPool()
-        out._by_key = dict(self._by_key)
-        return out
-
-    def update(self, other: CompiledPool) -> None:
-        """Add ``other``'s entries."""
-        self._by_key.update(other._by_key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._by_key
 
 
 def _free_symbols(examples: Sequence[Any]) -> set[sympy.Symbol]:
@@ -235,26 +117,44 @@ def _dispatch_location(
     return [], None
 
 
-def _returns_sequence(gm: torch.fx.GraphModule) -> bool:
-    for node in reversed(gm.graph.nodes):
-        if node.op == "output":
-            return isinstance(node.args[0], (tuple, list))
-    return False
-
-
-def _wrap_inductor(fn: Callable[..., Any], returns_sequence: bool) -> Callable[..., Any]:
-    # Inductor artifacts return a list; a piece that returns one value gets it unwrapped.
-    if returns_sequence:
-        return fn
-
-    def single(*args: Any) -> Any:
-        return fn(*args)[0]
-
-    return single
-
-
 # --------------------------------------------------------------------------------------
 # The backend for one piece
+
+
+def plan_entries(
+    graph: torch.fx.GraphModule,
+    *,
+    compile_ranges: Iterable[Any] | None = None,
+    compile_sizes: Iterable[int] = (),
+    sym_shape_indices: Sequence[int] | None = None,
+    dispatch_symbol: sympy.Symbol | None = None,
+) -> tuple[list[Entry], list[int], int | None, sympy.Symbol | None]:
+    """What a :class:`PiecewiseBackend` of ``graph`` will hold, without compiling:
+    ``(entries, sym_shape_indices, dispatch dim, dispatch symbol)``."""
+    examples = fake_args(graph)
+    dim: int | None = None
+    if sym_shape_indices is None:
+        sym_shape_indices, dim = _dispatch_location(examples, dispatch_symbol)
+    for i in sym_shape_indices:
+        if not 0 <= i < len(examples):
+            raise ValueError(
+                f"sym_shape_indices entry {i} is out of range for {len(examples)} inputs"
+            )
+    indices = list(sym_shape_indices)
+    if dispatch_symbol is None and indices and dim is None:
+        v = examples[indices[0]]
+        if isinstance(v, torch.SymInt) and v.node.expr.is_Symbol:
+            dispatch_symbol = v.node.expr
+    if indices:
+        ranges = normalize_ranges([ALL_SIZES] if compile_ranges is None else compile_ranges)
+        sizes = normalize_sizes(compile_sizes)
+        if not ranges and not sizes:
+            raise ValueError("a symbolic piece needs at least one compile range or size")
+        entries = [Entry("range", r.start, r.end) for r in ranges]
+        entries += [Entry("size", n, n) for n in sizes]
+    else:
+        entries = [Entry("static")]
+    return entries, indices, dim, dispatch_symbol
 
 
 class PiecewiseBackend(torch.nn.Module):
@@ -272,21 +172,23 @@ class PiecewiseBackend(torch.nn.Module):
             ``sym_shape_indices`` is ``None``): dispatch reads the SymInt argument equal to
             it, else the tensor argument dimension of that size. A piece that does not
             depend on it has a single entry; its other symbolic sizes stay dynamic in every
-            entry (single-size entries of such a piece are compiled with dynamic shapes).
+            entry. Default: the symbol of the first ``sym_shape_indices`` argument.
         compiler: ``"inductor"`` (``torch._inductor.standalone_compile``), ``"eager"``
             (runs the graph as is), or a callable ``compiler(graph, entry, example_args)``
-            returning the entry's callable (example args: symbolic for ranges and static
-            pieces, concrete FakeTensors for single sizes). Custom compilers are keyed by
-            identity, so they share results only within one process.
+            returning the entry's callable (example args: the inputs Inductor would get,
+            in the entry's own ShapeEnv). Custom compilers are keyed by identity, so they
+            share results only within one process.
         name: used in logs and errors.
         pool: a :class:`CompiledPool` shared with identical pieces (default: a private one).
         artifacts: ``{entry key: bytes}`` from an earlier :meth:`export_artifacts`; entries
             found there are loaded instead of compiled.
         compile_missing: with ``False``, an entry neither pooled nor in ``artifacts``
             raises ``KeyError`` instead of compiling.
-        inductor_config: Inductor config patches (``options={"config_patches": ...}``).
+        inductor_config: Inductor config patches (``options={"config_patches": ...}``), or
+            a callable ``entry -> dict`` giving each entry its own.
         on_entry: called as ``on_entry(entry, how)`` after each entry, ``how`` one of
-            ``"compiled"``, ``"reused"``, ``"loaded"`` (progress reporting).
+            ``"compiled"``, ``"reused"``, ``"shared"``, ``"loaded"`` (progress reporting).
+        before_entry: called as ``before_entry(entry)`` before each entry.
     """
 
     def __init__(
@@ -301,9 +203,10 @@ class PiecewiseBackend(torch.nn.Module):
         pool: CompiledPool | None = None,
         artifacts: Mapping[str, bytes] | None = None,
         compile_missing: bool = True,
-        inductor_config: Mapping[str, Any] | None = None,
+        inductor_config: Mapping[str, Any] | Callable[[Entry], Mapping[str, Any]] | None = None,
         on_entry: Callable[[Entry, str], None] | None = None,
         dispatch_symbol: sympy.Symbol | None = None,
+        before_entry: Callable[[Entry], None] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(graph, torch.fx.GraphModule):
@@ -322,80 +225,98 @@ class PiecewiseBackend(torch.nn.Module):
         self.graph = graph
         self.piece_name = name or "piece"
         self.compiler = compiler
-        self.inductor_config = dict(inductor_config or {})
-
-        examples = fake_args(graph)
-        self._dispatch_dim: int | None = None
-        if sym_shape_indices is None:
-            sym_shape_indices, self._dispatch_dim = _dispatch_location(examples, dispatch_symbol)
-        for i in sym_shape_indices:
-            if not 0 <= i < len(examples):
-                raise ValueError(
-                    f"sym_shape_indices entry {i} is out of range for {len(examples)} inputs"
-                )
-        self.sym_shape_indices = list(sym_shape_indices)
-        symbols = _free_symbols(examples)
-        self.dispatch_symbol = dispatch_symbol
-        self._other_symbols = bool(symbols - {dispatch_symbol}) if dispatch_symbol else False
-        """Whether the piece has symbolic sizes besides the dispatch one (its single-size
-        entries then keep those dynamic)."""
-
-        if self.sym_shape_indices:
-            ranges = normalize_ranges([ALL_SIZES] if compile_ranges is None else compile_ranges)
-            sizes = normalize_sizes(compile_sizes)
-            if not ranges and not sizes:
-                raise ValueError("a symbolic piece needs at least one compile range or size")
-            entries = [Entry("range", r.start, r.end) for r in ranges]
-            entries += [Entry("size", s, s) for s in sizes]
-        else:
-            entries = [Entry("static")]
+        entries, indices, self._dispatch_dim, symbol = plan_entries(
+            graph,
+            compile_ranges=compile_ranges,
+            compile_sizes=compile_sizes,
+            sym_shape_indices=sym_shape_indices,
+            dispatch_symbol=dispatch_symbol,
+        )
+        self.sym_shape_indices = indices
+        self.dispatch_symbol = symbol
         self.entries: list[Entry] = entries
+        self.entry_configs: dict[Entry, dict[str, Any]] = {
+            e: entry_config(inductor_config, e) for e in entries
+        }
+        """The Inductor config patches each entry is compiled with."""
+        traced = symbol_range(graph, symbol) if symbol is not None else (0, None)
+        self.bounds: dict[Entry, Bounds | None] = {
+            e: (entry_bounds(e, traced) if symbol is not None else None) for e in entries
+        }
+        """What each entry's compile is told about the dispatch size."""
 
         self.struct_key = structural_key(graph)
         self.entry_keys: dict[Entry, str] = {
-            e: entry_key(self.struct_key, e, compiler_id, self.inductor_config) for e in entries
+            e: entry_key(self.struct_key, e, compiler_id, self.entry_configs[e]) for e in entries
         }
+        self.compile_keys: dict[Entry, str] = {
+            e: compile_key(
+                self.struct_key,
+                None if self.bounds[e] is None else self.bounds[e].facts(),  # type: ignore[union-attr]
+                compiler_id,
+                self.entry_configs[e],
+            )
+            for e in entries
+        }
+        """Each entry's sharing key (what reaches the compiler); equal keys share."""
 
         pool = pool if pool is not None else CompiledPool()
         self._compiled: dict[Entry, Compiled] = {}
-        returns_sequence = _returns_sequence(graph)
-        self.returns_tuple = returns_sequence
+        self.how: dict[Entry, str] = {}
+        """How each entry was obtained: compiled, reused, shared or loaded."""
+        self.entry_seconds: dict[Entry, float] = {}
+        """Seconds spent compiling or loading each entry (0 for reused and shared)."""
+        sequence = returns_sequence(graph)
+        self.returns_tuple = sequence
+        owner = f"{self.piece_name}@{id(self)}"
         for entry in entries:
-            key = self.entry_keys[entry]
+            if before_entry is not None:
+                before_entry(entry)
+            key = self.compile_keys[entry]
             compiled = pool.get(key)
+            t0 = time.perf_counter()
             if compiled is not None:
-                counters["compile_reused"] += 1
-                how = "reused"
-            elif artifacts is not None and key in artifacts:
-                data = bytes(artifacts[key])
-                t0 = time.perf_counter()
+                how = "shared" if compiled.owner == owner else "reused"
+                counters["compile_" + how] += 1
+            elif artifacts is not None and self.entry_keys[entry] in artifacts:
+                data = bytes(artifacts[self.entry_keys[entry]])
                 art = load_inductor_artifact(data)
-                compiled = Compiled(_wrap_inductor(art, returns_sequence), art, data)
+                compiled = Compiled(wrap_inductor(art, sequence), art, data, owner)
                 counters["artifact_loaded"] += 1
-                log.debug(
-                    "loaded %s [%s] in %.3fs", self.piece_name, entry, time.perf_counter() - t0
-                )
                 pool.put(key, compiled)
                 how = "loaded"
             elif not compile_missing:
                 raise KeyError(
-                    f"no artifact for {self.piece_name} [{entry}] (key {key}) and "
-                    "compile_missing=False"
+                    f"no artifact for {self.piece_name} [{entry}] (key "
+                    f"{self.entry_keys[entry]}) and compile_missing=False"
                 )
             else:
-                t0 = time.perf_counter()
-                compiled = self._compile(entry, returns_sequence)
-                counters["compile"] += 1
-                log.debug(
-                    "compiled %s [%s] with %s in %.3fs",
-                    self.piece_name,
-                    entry,
-                    compiler_id,
-                    time.perf_counter() - t0,
+                compiled = compile_entry(
+                    graph,
+                    compiler=compiler,
+                    symbol=symbol,
+                    bounds=self.bounds[entry],
+                    config=self.entry_configs[entry],
+                    entry=entry,
+                    name=self.piece_name,
                 )
+                compiled.owner = owner
+                counters["compile"] += 1
                 pool.put(key, compiled)
                 how = "compiled"
+            seconds = time.perf_counter() - t0 if how in ("compiled", "loaded") else 0.0
+            log.debug(
+                "%s %s [%s] (%s) with %s in %.3fs",
+                how,
+                self.piece_name,
+                entry,
+                self.bounds[entry] or "static",
+                compiler_id,
+                seconds,
+            )
             self._compiled[entry] = compiled
+            self.how[entry] = how
+            self.entry_seconds[entry] = seconds
             if on_entry is not None:
                 on_entry(entry, how)
 
@@ -418,42 +339,6 @@ class PiecewiseBackend(torch.nn.Module):
                 self._starts.append(entry.start)
                 self._ends.append(entry.end)
                 self._range_fns.append(fn)
-
-    # compiling -------------------------------------------------------------------------
-    def _compile(self, entry: Entry, returns_sequence: bool) -> Compiled:
-        if self.compiler == "eager":
-            return Compiled(self.graph)
-        if callable(self.compiler):
-            if entry.kind == "size" and not self._other_symbols:
-                example = concrete_args(self.graph, entry.start, fake=True)
-            else:
-                example = fake_args(self.graph)
-            fn = self.compiler(self.graph, entry, example)
-            if not callable(fn):
-                raise TypeError(
-                    f"compiler {self.compiler!r} returned {type(fn).__name__}, not a callable"
-                )
-            return Compiled(fn)
-        from torch._inductor import standalone_compile
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-        options = {"config_patches": dict(self.inductor_config)}
-        if entry.kind == "size" and not self._other_symbols:
-            mode = FakeTensorMode(shape_env=ShapeEnv())
-            args = concrete_args(self.graph, entry.start, fake=True, fake_mode=mode)
-            art = standalone_compile(
-                self.graph,
-                args,
-                dynamic_shapes="from_example_inputs",
-                options=options,
-                fake_mode=mode,
-            )
-        else:
-            art = standalone_compile(
-                self.graph, fake_args(self.graph), dynamic_shapes="from_graph", options=options
-            )
-        return Compiled(_wrap_inductor(art, returns_sequence), art)
 
     # calling ---------------------------------------------------------------------------
     def entry_for(self, size: int | None) -> Entry:
