@@ -11,9 +11,7 @@ Runs are interleaved (one run of each implementation per round, the order rotati
 median is reported, so slow drifts of a shared machine hit every implementation alike. The
 cyclic GC stays on, as in real use, but is collected before each run. torch.fx, which no target
 compares with, is timed after the others' rounds, in the same process: its ``python_code`` run
-on a graph left the floor's next read of that graph a quarter faster (a ``gc.collect()``
-between did not undo it, ``python_code`` on a copy of the graph did not do it, and ``generate``
-gained nothing from it; ``benches/LOG.md``, thirtieth session).
+on a graph leaves the floor's next read of that graph faster, which would flatter the floor.
 
 Peak memory is measured in fresh subprocesses (``python -m fxcodegen.bench.runner memory ...``),
 the median of three up to 200k nodes: the RSS high-water mark (``VmHWM``) is reset through
