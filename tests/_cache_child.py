@@ -8,7 +8,8 @@ line on stdout (prefixed ``RESULT ``): counters, per-graph records, timings, the
 Config keys: ``cache_dir``, ``sizes`` (first is the first call), ``layers``, ``hidden``,
 ``heads``, ``ranges``, ``compile_sizes``, optional ``go`` (a file to wait for before
 compiling, so that concurrent children start together) and ``ready`` (a file written when
-imports are done).
+imports are done); for the remote store ``remote_cache``, ``cache_secret``,
+``remote_timeout``, and ``claim_ttl`` (seconds an entry claim lives unrenewed).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def main() -> int:
     logger.setLevel(logging.INFO)
     t_imported = time.perf_counter()
 
+    if cfg.get("claim_ttl"):
+        from fxcodegen.cache import remote
+
+        remote.CLAIM_TTL_S = float(cfg["claim_ttl"])
     model = make_decoder(num_layers=cfg["layers"], hidden=cfg["hidden"], heads=cfg["heads"])
     be = fxcodegen.backend(
         splitting_ops=[ATTENTION_OP],
@@ -50,6 +55,9 @@ def main() -> int:
         compile_sizes=cfg["compile_sizes"],
         cache_dir=cfg["cache_dir"],
         progress=False,
+        remote_cache=cfg.get("remote_cache"),
+        cache_secret=cfg.get("cache_secret"),
+        remote_timeout=cfg.get("remote_timeout"),
     )
     compiled = torch.compile(model, backend=be, dynamic=True)
     if cfg.get("ready"):

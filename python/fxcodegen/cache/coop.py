@@ -158,6 +158,9 @@ class Coop:
     def _entries_dir(self) -> Path | None:
         d = self.cache.root / ENTRIES_DIR
         if self._entries_ok is None:
+            if not self.cache.usable():  # creates the cache directory owner-only first
+                self._entries_ok = False
+                return None
             try:
                 self._entries_ok = trust.directory_problem(d, create=True) is None
             except OSError:
@@ -308,7 +311,9 @@ class Coop:
         """Copy the artifact ``key`` (and the blobs it references) from the remote store
         into the cache directory when the directory lacks it; True when copied."""
         r = self.remote
-        if r is None or r.down is not None or self.cache.artifact_path(key).exists():
+        if r is None or r.down is not None or not self.cache.usable():
+            return False
+        if self.cache.artifact_path(key).exists():
             return False
         raw = r.get("art", key)
         if raw is None:
