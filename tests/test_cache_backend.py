@@ -207,7 +207,7 @@ def test_moved_cache_directory_still_hits(shared: Shared, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_concurrent_processes_compile_each_key_once(shared: Shared, tmp_path: Path) -> None:
+def test_concurrent_processes_compile_each_entry_once(shared: Shared, tmp_path: Path) -> None:
     n = 6
     cache_dir = tmp_path / "shared-cache"
     go = tmp_path / "go"
@@ -252,16 +252,14 @@ def test_concurrent_processes_compile_each_key_once(shared: Shared, tmp_path: Pa
     statuses = sorted(g["cache"] for g in graphs)
     keys = {g["key"] for g in graphs}
     assert len(keys) == 1
-    # exactly one process compiled the key; the others waited on its lock and loaded it
-    assert statuses == ["hit"] * (n - 1) + ["miss"], statuses
+    # the processes split the piece-entries (docs/cache.md, "Cooperative compile"): each
+    # entry compiled by exactly one of them, the rest loaded from what the others stored
+    # (a process that starts after the artifact is stored loads it whole)
+    assert set(statuses) <= {"miss", "hit"}, statuses
     compiled = [g["compiled"] for g in graphs]
-    assert sorted(compiled) == [0] * (n - 1) + [DISTINCT_ENTRIES]
-    assert sum(r["counters"].get("codegen", 0) for r in results) == 1
-    assert all(
-        r["counters"].get("artifact_loaded", 0) == DISTINCT_ENTRIES
-        for r, g in zip(results, graphs, strict=True)
-        if g["cache"] == "hit"
-    )
+    assert sum(compiled) == DISTINCT_ENTRIES, compiled
+    assert all(g["compiled"] + g["loaded"] == DISTINCT_ENTRIES for g in graphs)
+    assert sum(r["counters"].get("codegen", 0) for r in results) == statuses.count("miss")
     first = _outputs(results[0])
     assert all(_outputs(r) == first for r in results)
     assert first == _outputs(shared.cold)
