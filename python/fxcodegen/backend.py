@@ -29,7 +29,7 @@ from typing import Any, TextIO
 import torch
 
 from fxcodegen.cache import Artifact, Cache, PieceRecord, compute_key, make_factors, open_cache
-from fxcodegen.cache.coop import Coop, plan
+from fxcodegen.cache.coop import open_coop, plan
 from fxcodegen.cache.remote import open_remote
 from fxcodegen.concrete import fake_args, is_symbolic
 from fxcodegen.keys import KEY_VERSION, entry_key, split_graph_key, structural_key_stable
@@ -307,7 +307,9 @@ class Backend:
         artifacts to store (``"eager"`` bypasses the cache)."""
         if compiler == "inductor":
             self.cache = open_cache(self.cache_dir)
-        self.coop = self._open_coop(remote_cache, cache_secret, remote_timeout)
+        self.coop = open_coop(
+            self.cache, open_remote(remote_cache, cache_secret, timeout=remote_timeout)
+        )
         """Cooperative compile and the remote store (:mod:`fxcodegen.cache.coop`), or None
         without a local cache."""
         self.inductor_config = dict(inductor_config or {})
@@ -321,23 +323,6 @@ class Backend:
             f"compile_ranges={self.compile_ranges!r}, compile_sizes={self.compile_sizes!r}, "
             f"compiler={self.compiler!r}, cache_dir={self.cache_dir!r})"
         )
-
-    def _open_coop(
-        self,
-        remote_cache: str | None,
-        cache_secret: str | bytes | None,
-        remote_timeout: float | None,
-    ) -> Coop | None:
-        remote = open_remote(remote_cache, cache_secret, timeout=remote_timeout)
-        if self.cache is None:
-            if remote is not None:
-                log.warning(
-                    "fxcodegen cache: not using the remote store %r: it needs the local cache "
-                    "in front (cache_dir is off or the compiler stores nothing)",
-                    remote,
-                )
-            return None
-        return Coop(self.cache, remote)
 
     def _progress_enabled(self) -> bool:
         if self.progress is not None:

@@ -47,7 +47,16 @@ from fxcodegen.cache.format import (
 from fxcodegen.cache.remote import Claim, RemoteStore
 from fxcodegen.cache.store import Cache, LockUnavailable
 
-__all__ = ["ENTRIES_DIR", "POLL_S", "WAIT_S", "Coop", "Work", "clear_entries", "plan"]
+__all__ = [
+    "ENTRIES_DIR",
+    "POLL_S",
+    "WAIT_S",
+    "Coop",
+    "Work",
+    "clear_entries",
+    "open_coop",
+    "plan",
+]
 
 log = logging.getLogger("fxcodegen")
 
@@ -372,6 +381,20 @@ class Coop:
             return False
         _count("remote_stored")
         return True
+
+
+def open_coop(cache: Cache | None, remote: RemoteStore | None) -> Coop | None:
+    """The :class:`Coop` of a backend's cache, or None without a local cache (a remote
+    store alone is not used: WARNING)."""
+    if cache is None:
+        if remote is not None:
+            log.warning(
+                "fxcodegen cache: not using the remote store %r: it needs the local cache in "
+                "front (cache_dir is off or the compiler stores nothing)",
+                remote,
+            )
+        return None
+    return Coop(cache, remote)
 
 
 def clear_entries(root: str | os.PathLike[str]) -> int:
