@@ -266,8 +266,8 @@ class Coop:
         others: dict[str, bytes] = {}
         mine: set[str] = set()
         todo = list(work)
-        last_progress = time.monotonic()
-        waited = False
+        t_start = last_progress = time.monotonic()
+        waited = 0.0
         while todo:
             progressed = False
             for w in list(todo):
@@ -281,7 +281,7 @@ class Coop:
                             t0 = time.perf_counter()
                             self.put_entry(w.key, w.compile())
                             mine.add(w.key)
-                            log.debug("compiled %s (%.2fs)", w.label, time.perf_counter() - t0)
+                            log.info("compiled %s in %.2fs", w.label, time.perf_counter() - t0)
                 if data is not None:
                     others[w.key] = data
                 todo.remove(w)
@@ -303,15 +303,16 @@ class Coop:
                     mine.add(w.key)
                 break
             else:
-                waited = True
+                waited += self.poll_s
                 time.sleep(self.poll_s)
         if work:
             log.info(
                 "fxcodegen cache: cooperative compile: %d piece-entries compiled here, %d "
-                "from other processes%s",
+                "from other processes, in %.2fs (%.2fs of it waiting for them)",
                 len(mine),
                 len(others),
-                " (after waiting for them)" if waited else "",
+                time.monotonic() - t_start,
+                waited,
             )
         return others, mine
 

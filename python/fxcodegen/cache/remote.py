@@ -147,6 +147,9 @@ class RemoteStore:
         claim_ttl: float | None = None,
     ) -> None:
         redis = _redis_module()
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         self.url = url
         self.secret = secret
         self.timeout = _check_timeout(timeout)
@@ -156,6 +159,7 @@ class RemoteStore:
             socket_timeout=self.timeout,
             socket_connect_timeout=self.timeout,
             retry_on_timeout=False,
+            retry=Retry(NoBackoff(), 0),  # one try: the timeout alone bounds a call
         )
         self._errors = (redis.RedisError, OSError)
         self.down: str | None = None
