@@ -281,7 +281,7 @@ class Coop:
                             t0 = time.perf_counter()
                             self.put_entry(w.key, w.compile())
                             mine.add(w.key)
-                            log.info("compiled %s in %.2fs", w.label, time.perf_counter() - t0)
+                            log.debug("compiled %s in %.2fs", w.label, time.perf_counter() - t0)
                 if data is not None:
                     others[w.key] = data
                 todo.remove(w)
