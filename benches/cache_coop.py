@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     table = []
     for name, r in rows:
         c = r["counters"]
-        keep = ("first_call_s", "first_call_cpu_s", "process_wall_s", "log")
+        keep = ("first_call_s", "first_call_cpu_s", "process_wall_s")
         table.append({"scenario": name, **{k: r[k] for k in keep}})
         table[-1].update(counters=c, cache=r["graphs"][0]["cache"])
         print(
