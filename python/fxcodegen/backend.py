@@ -629,6 +629,8 @@ class Backend:
         counters["compile_reused"] -= len(mine)
         if not art.storable:
             log.info("fxcodegen cache: %s is not storable; not stored", key[:16])
+        elif coop.read_only:
+            log.info("fxcodegen cache: %s not stored: the cache cannot be locked", key[:16])
         elif cache.store(key, factors, art) is not None:
             coop.publish(key, force=True)
         return art, False

@@ -159,6 +159,9 @@ class Coop:
         self.wait_s = WAIT_S if wait_s is None else wait_s
         self.poll_s = POLL_S if poll_s is None else poll_s
         self._entries_ok: bool | None = None
+        self.read_only = False
+        """Set when an entry's lock cannot be taken at all (a read-only cache, warned once
+        by the cache): nothing is written to the directory after that."""
 
     def __repr__(self) -> str:
         return f"Coop({self.cache!r}, {self.remote!r})"
@@ -219,7 +222,7 @@ class Coop:
         return data
 
     def _keep_local(self, key: str, digest: str, data: bytes) -> None:
-        d = self._entries_dir()
+        d = None if self.read_only else self._entries_dir()
         if d is None:
             return
         try:
@@ -246,7 +249,8 @@ class Coop:
         with contextlib.ExitStack() as stack:
             try:
                 stack.enter_context(self.cache.locked(key, timeout=0))
-            except LockUnavailable:
+            except LockUnavailable:  # warned by the cache; compile, write nothing here
+                self.read_only = True
                 yield True
                 return
             except filelock.Timeout:
