@@ -6,7 +6,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.15.0
-DEV_DEPS := "$(TORCH)" "transformers==5.23.*" "maturin>=1.9.4,<2" pytest pytest-timeout pytest-benchmark ruff filelock tqdm matplotlib
+DEV_DEPS := "$(TORCH)" "transformers==5.23.*" "maturin>=1.9.4,<2" pytest pytest-timeout pytest-benchmark ruff filelock tqdm matplotlib "redis>=5"
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(BIN)):$(PATH)
 
@@ -52,8 +52,14 @@ format: $(VENV)/.deps ## apply cargo fmt and ruff format
 test-rust: ## cargo test of the pure-Rust core (unit, golden, property and fuzz-loop tests)
 	cargo test --no-default-features --profile ci
 
+.PHONY: redis
+redis: ## install redis-server (the cache tests start their own on a loopback port)
+	@command -v redis-server >/dev/null || { \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q redis-server; }
+
 .PHONY: test-py
-test-py: install ## pytest: the whole Python suite, slow Inductor tests included
+test-py: install redis ## pytest: the whole Python suite, slow Inductor tests included
 	$(BIN)/pytest tests -q
 
 .PHONY: bench-smoke

@@ -207,7 +207,7 @@ def test_moved_cache_directory_still_hits(shared: Shared, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_concurrent_processes_compile_each_key_once(shared: Shared, tmp_path: Path) -> None:
+def test_concurrent_processes_compile_each_entry_once(shared: Shared, tmp_path: Path) -> None:
     n = 6
     cache_dir = tmp_path / "shared-cache"
     go = tmp_path / "go"
@@ -252,16 +252,14 @@ def test_concurrent_processes_compile_each_key_once(shared: Shared, tmp_path: Pa
     statuses = sorted(g["cache"] for g in graphs)
     keys = {g["key"] for g in graphs}
     assert len(keys) == 1
-    # exactly one process compiled the key; the others waited on its lock and loaded it
-    assert statuses == ["hit"] * (n - 1) + ["miss"], statuses
+    # the processes split the piece-entries (docs/cache.md, "Cooperative compile"): each
+    # entry compiled by exactly one of them, the rest loaded from what the others stored
+    # (a process that starts after the artifact is stored loads it whole)
+    assert set(statuses) <= {"miss", "hit"}, statuses
     compiled = [g["compiled"] for g in graphs]
-    assert sorted(compiled) == [0] * (n - 1) + [DISTINCT_ENTRIES]
-    assert sum(r["counters"].get("codegen", 0) for r in results) == 1
-    assert all(
-        r["counters"].get("artifact_loaded", 0) == DISTINCT_ENTRIES
-        for r, g in zip(results, graphs, strict=True)
-        if g["cache"] == "hit"
-    )
+    assert sum(compiled) == DISTINCT_ENTRIES, compiled
+    assert all(g["compiled"] + g["loaded"] == DISTINCT_ENTRIES for g in graphs)
+    assert sum(r["counters"].get("codegen", 0) for r in results) == statuses.count("miss")
     first = _outputs(results[0])
     assert all(_outputs(r) == first for r in results)
     assert first == _outputs(shared.cold)
@@ -360,7 +358,9 @@ def test_damaged_artifacts_heal_through_the_backend(
             assert reason in caplog.text and str(path) in caplog.text
         else:
             assert any(str(path) in w and reason in w for w in warned), (damage, warned)
-        assert rec.cache == "miss" and rec.compiled == DISTINCT_ENTRIES, damage
+        # a miss; the piece-entries themselves are intact in the cache's entry store
+        # (cooperative compile), so they load and only the stitching is made again
+        assert rec.cache == "miss" and (rec.compiled, rec.loaded) == (0, DISTINCT_ENTRIES)
         assert counters["codegen"] == 1
         assert cache.verify() == [], damage  # replaced by an intact artifact
         assert _mode(path) == 0o600
@@ -448,7 +448,10 @@ def test_read_only_cache_never_fails_torch_compile(
     caplog.clear()
     counters.clear()
     be = _compile(root, ranges=[[1, 16]])  # another key: a miss (outputs checked inside)
-    assert be.graphs[0].cache == "miss" and be.graphs[0].compiled == DISTINCT_ENTRIES
+    # the new range's entries compile; the size's entries are the first key's, read from
+    # the (read-only) cache's entry store
+    g = be.graphs[0]
+    assert g.cache == "miss" and (g.compiled, g.loaded) == (3, DISTINCT_ENTRIES - 3)
     warned = [w for w in _warnings(caplog) if w.startswith("fxcodegen cache")]
     assert len(warned) == 1 and "lock" in warned[0] and "Read-only" in warned[0], warned
 

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 
 from fxcodegen.cache import Artifact, Cache, PieceRecord, compute_key, make_factors, open_cache
+from fxcodegen.cache.coop import open_coop, plan
+from fxcodegen.cache.remote import open_remote
 from fxcodegen.entries import entry_config
 from fxcodegen.keys import (
     KEY_VERSION,
@@ -128,6 +130,9 @@ class Backend:
         inductor_config: InductorConfig = None,
         progress: bool | None = None,
         range_dim: tuple[str, int] | None = None,
+        remote_cache: str | None = None,
+        cache_secret: str | bytes | None = None,
+        remote_timeout: float | None = None,
     ) -> None:
         self.progress_env = progress_env()  # a bad value fails here
         watch_dynamo()
@@ -157,6 +162,11 @@ class Backend:
         artifacts to store (``"eager"`` bypasses the cache)."""
         if compiler == "inductor":
             self.cache = open_cache(self.cache_dir)
+        self.coop = open_coop(
+            self.cache, open_remote(remote_cache, cache_secret, timeout=remote_timeout)
+        )
+        """Cooperative compile and the remote store (:mod:`fxcodegen.cache.coop`), or None
+        without a local cache."""
         if inductor_config is not None and not (
             callable(inductor_config) or isinstance(inductor_config, Mapping)
         ):
@@ -267,9 +277,11 @@ class Backend:
         record: GraphRecord,
         split_gm: torch.fx.GraphModule,
         to_compile: list[SplitItem],
+        artifacts: Mapping[str, bytes] | None = None,
     ) -> tuple[dict[str, PiecewiseBackend], Any]:
-        """Compile every piece for every entry, put them in ``split_gm`` and generate the
-        stitching code (``counters["codegen"]``). Returns ``(pieces, Generated)``."""
+        """Compile every piece for every entry (loading those in ``artifacts``), put them in
+        ``split_gm`` and generate the stitching code (``counters["codegen"]``). Returns
+        ``(pieces, Generated)``."""
         from fxcodegen import codegen
 
         before = counters.copy()
@@ -286,6 +298,7 @@ class Backend:
                     compiler=self.compiler,
                     name=it.submod_name,
                     pool=self.pool,
+                    artifacts=artifacts,
                     inductor_config=self.inductor_config,
                     before_entry=lambda e, n=it.submod_name: progress.start(n, e),
                     on_entry=lambda e, how, n=it.submod_name: progress.step(n, e, how),
@@ -423,8 +436,8 @@ class Backend:
         record.cache_key = key
         made: dict[str, dict[str, PiecewiseBackend]] = {}
 
-        def create() -> Artifact:
-            pieces, gen = self._compile_and_generate(record, split_gm, to_compile)
+        def create(artifacts: Mapping[str, bytes] | None = None) -> Artifact:
+            pieces, gen = self._compile_and_generate(record, split_gm, to_compile, artifacts)
             made["pieces"] = pieces
             art = Artifact(
                 code=gen.code,
@@ -446,7 +459,10 @@ class Backend:
                 art.storable = False
             return art
 
-        art, loaded = cache.get_or_create(key, factors, create)
+        if self.coop is None:
+            art, loaded = cache.get_or_create(key, factors, create)
+        else:
+            art, loaded = self._cooperate(record, key, factors, create, to_compile)
         if loaded:
             try:
                 fn = self._bind_loaded(record, art, split_gm, to_compile, factors)
@@ -460,6 +476,8 @@ class Backend:
                 )
                 art = self._recreate(key, factors, create)
                 record.cache = "healed"
+                if self.coop is not None and art.storable:
+                    self.coop.publish(key, force=True)
             else:
                 record.cache = "hit"
                 return fn
@@ -469,6 +487,48 @@ class Backend:
         fn = art.execution_fn(made["pieces"])
         record.codegen_s += time.perf_counter() - t0
         return fn
+
+    def _cooperate(
+        self,
+        record: GraphRecord,
+        key: str,
+        factors: dict[str, Any],
+        create: Callable[[Mapping[str, bytes] | None], Artifact],
+        to_compile: list[SplitItem],
+    ) -> tuple[Artifact, bool]:
+        """Like ``Cache.get_or_create``, but a miss is compiled together with the other
+        processes compiling the same graph (:mod:`fxcodegen.cache.coop`), entry by entry,
+        and the artifact is also kept in the remote store. Returns ``(artifact, loaded)``."""
+        coop, cache = self.coop, self.cache
+        assert coop is not None and cache is not None
+        coop.fill(key)  # from the remote store, when this directory lacks it
+        art = cache.load(key, factors)
+        if art is not None:
+            coop.publish(key)  # when the remote store lacks it
+            return art, True
+        work = plan(
+            {it.submod_name: it.graph for it in to_compile},
+            compile_ranges=self.compile_ranges,
+            compile_sizes=self.compile_sizes,
+            inductor_config=self.inductor_config,
+            dispatch_symbol=record.dispatch_symbol,
+            pool=self.pool,
+        )
+        t0 = time.perf_counter()
+        others, mine = coop.gather(work)
+        gather_s = time.perf_counter() - t0
+        art = create(others).prepare(key, factors)
+        record.compile_s += gather_s
+        # The entries compiled here are in the pool: the pieces found them there, which is
+        # not reuse of an identical piece's result.
+        counters["compile_reused"] -= len(mine)
+        if not art.storable:
+            log.info("fxcodegen cache: %s is not storable; not stored", key[:16])
+        elif coop.read_only:
+            log.info("fxcodegen cache: %s not stored: the cache cannot be locked", key[:16])
+        elif cache.store(key, factors, art) is not None:
+            coop.publish(key, force=True)
+        return art, False
 
     def _recreate(
         self, key: str, factors: dict[str, Any], create: Callable[[], Artifact]
@@ -589,6 +649,9 @@ def backend(
     inductor_config: InductorConfig = None,
     progress: bool | None = None,
     range_dim: tuple[str, int] | None = None,
+    remote_cache: str | None = None,
+    cache_secret: str | bytes | None = None,
+    remote_timeout: float | None = None,
 ) -> Backend:
     """A ``torch.compile`` backend that compiles piecewise and stitches with fxcodegen.
 
@@ -616,6 +679,12 @@ def backend(
         range_dim: ``(argument name, dimension)`` of the size the ranges and sizes apply
             to, e.g. ``("input_ids", 1)``; default: the last symbolic dimension of the first
             tensor input (the tokens). Other symbolic sizes stay dynamic in every entry.
+        remote_cache: ``redis://host:port/db`` of a fleet-wide artifact store behind the
+            local cache (default ``$FXCODEGEN_REMOTE_CACHE``; needs ``redis``), also used to
+            split a cold compile between replicas (``docs/cache.md``).
+        cache_secret: the shared secret that signs every remote object (default
+            ``$FXCODEGEN_CACHE_SECRET``); without one the remote store is not used.
+        remote_timeout: seconds bounding every Redis operation (default 2).
 
     Every entry is compiled when Dynamo hands over the graph, never at call time.
     """
@@ -628,4 +697,7 @@ def backend(
         inductor_config=inductor_config,
         progress=progress,
         range_dim=range_dim,
+        remote_cache=remote_cache,
+        cache_secret=cache_secret,
+        remote_timeout=remote_timeout,
     )

@@ -1,7 +1,9 @@
-"""``python -m fxcodegen cache ls|show|verify|clear [DIR]``: inspect the artifact cache.
+"""``python -m fxcodegen cache ls|show|verify|clear [DIR]``: inspect the artifact cache;
+``ls|verify|clear --remote URL``: the remote store (Redis) instead.
 
 Nothing here unpickles or unmarshals: listing, showing and verifying read only the
-checksummed JSON metadata, so they are safe on a cache of unknown origin.
+checksummed JSON metadata (and check signatures), so they are safe on a cache of unknown
+origin.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ import argparse
 import json
 import stat
 import sys
+from typing import Any
 
 from fxcodegen.cache import Cache, CacheError, resolve_cache_dir
+from fxcodegen.cache.coop import clear_entries
+from fxcodegen.cache.format import read_meta
+from fxcodegen.cache.remote import PREFIX, SECRET_ENV, RemoteStore, resolve_secret, unsign
 
 _FACTORS_SHOWN = ("compiler", "compile_ranges", "compile_sizes", "splitting_ops", "torch", "graph")
 
@@ -39,6 +45,81 @@ def _cache(args: argparse.Namespace) -> Cache:
     root = resolve_cache_dir(args.dir)
     assert root is not None
     return Cache(root)
+
+
+def _remote(args: argparse.Namespace, *, need_secret: bool) -> RemoteStore | None:
+    secret = resolve_secret(None)
+    if need_secret and not secret:
+        print(f"{SECRET_ENV} is not set: signatures cannot be checked", file=sys.stderr)
+        return None
+    return RemoteStore(args.remote, secret or b"", timeout=5.0)
+
+
+def _remote_errors() -> tuple[type[BaseException], ...]:
+    import redis
+
+    return (redis.RedisError, OSError)
+
+
+def remote_ls(args: argparse.Namespace) -> int:
+    store = _remote(args, need_secret=False)
+    assert store is not None
+    names = sorted(store.scan("art"))
+    print(f"{store!r}: {len(names)} artifact(s)")
+    for name in names:
+        value = store.client.get(name) or b""
+        key = name[len(PREFIX) + len("art:") :]
+        payload = unsign(store.secret, name, value) if store.secret else value[40:]
+        if payload is None:
+            print(f"{key[:16]}  {_human(len(value)):>10}  BAD SIGNATURE")
+            continue
+        try:
+            _, _, meta = read_meta(name, payload)  # type: ignore[arg-type]
+        except CacheError as e:
+            print(f"{key[:16]}  {_human(len(value)):>10}  DAMAGED: {e.reason}")
+            continue
+        entries = sum(len(p.get("entries") or {}) for p in meta["pieces"])
+        factors = meta.get("factors") or {}
+        shown = "  ".join(
+            f"{n}={_factor_text(n, factors[n])}" for n in _FACTORS_SHOWN if n in factors
+        )
+        print(
+            f"{key[:16]}  {_human(len(value)):>10}  pieces={len(meta['pieces'])} "
+            f"entries={entries}  {shown}" + ("" if store.secret else "  (signature not checked)")
+        )
+    return 0
+
+
+def remote_verify(args: argparse.Namespace) -> int:
+    store = _remote(args, need_secret=True)
+    if store is None:
+        return 2
+    names = sorted(store.scan())
+    problems = [(n, why) for n in names if (why := store.verify_name(n))]
+    for name, why in problems:
+        print(f"{name}: {why}")
+    print(f"{store!r}: {len(names)} object(s), {len(problems)} object(s) with problems")
+    return 1 if problems else 0
+
+
+def remote_clear(args: argparse.Namespace) -> int:
+    store = _remote(args, need_secret=False)
+    assert store is not None
+    print(f"{store!r}: removed {store.clear()} object(s)")
+    return 0
+
+
+def _with_remote(local: Any, remote: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        if args.remote is None:
+            return int(local(args))
+        try:
+            return int(remote(args))
+        except _remote_errors() as e:
+            print(f"{args.remote}: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+
+    return run
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -109,7 +190,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     if not cache.root.is_dir():
         print(f"{cache.root}: no cache directory")
         return 0
-    removed = cache.clear()
+    removed = cache.clear() + clear_entries(cache.root)
     print(f"{cache.root}: removed {removed} file(s)")
     return 0
 
@@ -121,20 +202,28 @@ def main(argv: list[str] | None = None) -> int:
         "$FXCODEGEN_CACHE_DIR, else ~/.cache/fxcodegen.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    remote_help = "the remote store (redis://host:port/db) instead of a directory"
     p = sub.add_parser("ls", help="list artifacts with key factors, sizes, entries and pieces")
     p.add_argument("dir", nargs="?", metavar="DIR")
-    p.set_defaults(fn=cmd_ls)
+    p.add_argument("--remote", metavar="URL", help=remote_help)
+    p.set_defaults(fn=_with_remote(cmd_ls, remote_ls))
     p = sub.add_parser("show", help="print one artifact's stitching code")
     p.add_argument("key", metavar="KEY", help="the key or a unique prefix of it")
     p.add_argument("dir", nargs="?", metavar="DIR")
     p.add_argument("--factors", action="store_true", help="print the key's factors instead")
     p.set_defaults(fn=cmd_show)
-    p = sub.add_parser("verify", help="check checksums and permissions; exit 1 on any problem")
+    p = sub.add_parser(
+        "verify",
+        help="check checksums and permissions (remote: signatures, under "
+        f"${SECRET_ENV}); exit 1 on any problem",
+    )
     p.add_argument("dir", nargs="?", metavar="DIR")
-    p.set_defaults(fn=cmd_verify)
+    p.add_argument("--remote", metavar="URL", help=remote_help)
+    p.set_defaults(fn=_with_remote(cmd_verify, remote_verify))
     p = sub.add_parser("clear", help="remove all artifacts, blobs and locks")
     p.add_argument("dir", nargs="?", metavar="DIR")
-    p.set_defaults(fn=cmd_clear)
+    p.add_argument("--remote", metavar="URL", help=remote_help)
+    p.set_defaults(fn=_with_remote(cmd_clear, remote_clear))
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return int(args.fn(args))
 
