@@ -116,8 +116,43 @@ InductorConfig = Mapping[str, Any] | Callable[[Entry], Mapping[str, Any]] | None
 
 
 class Backend:
-    """A ``torch.compile`` backend (see :func:`backend`). Keeps a :class:`GraphRecord` per
-    graph in :attr:`graphs` and one :class:`CompiledPool` shared by all its graphs."""
+    """A ``torch.compile`` backend that compiles piecewise and stitches with fxcodegen.
+
+    Args:
+        splitting_ops: the ops to split at: ``torch.ops`` operators (``"ns::op"``,
+            ``"ns::op.overload"`` or the object) and torch functions (the object or its dotted
+            name); an ``aten`` name also matches its function form, so
+            ``"aten::scaled_dot_product_attention"`` splits at
+            ``torch.nn.functional.scaled_dot_product_attention`` (``docs/piecewise.md``).
+            The pieces between them are compiled, the splitting pieces run as they are.
+        compile_ranges: ``Range``s or ``(start, end)`` pairs of the dynamic size compiled
+            with dynamic shapes; default one range covering every size.
+        compile_sizes: single sizes compiled with static shapes (checked first).
+        compiler: ``"inductor"`` or ``"eager"``.
+        cache_dir: the artifact cache directory (``docs/cache.md``); ``None``:
+            ``$FXCODEGEN_CACHE_DIR``, else ``~/.cache/fxcodegen``; ``False`` disables it.
+            Only ``"inductor"`` uses it (``"eager"`` has nothing compiled to store).
+        inductor_config: Inductor config patches, or a callable ``entry -> dict`` giving
+            each entry (:class:`fxcodegen.piecewise.Entry`: ``kind``, ``start``, ``end``,
+            ``label``) its own, e.g. max-autotune for single sizes only. The entry keys and
+            the cache key cover the patches each entry gets.
+        progress: show a progress bar while compiling (tqdm on stderr); else one INFO log
+            line per piece-entry. Default: ``FXCODEGEN_PROGRESS`` (``1`` on, ``0`` off; any
+            other non-empty value is a ``ValueError``), else when stderr is a terminal.
+        range_dim: ``(argument name, dimension)`` of the size the ranges and sizes apply
+            to, e.g. ``("input_ids", 1)``; default: the last symbolic dimension of the first
+            tensor input (the tokens). Other symbolic sizes stay dynamic in every entry.
+        remote_cache: ``redis://host:port/db`` of a fleet-wide artifact store behind the
+            local cache (default ``$FXCODEGEN_REMOTE_CACHE``; needs ``redis``), also used to
+            split a cold compile between replicas (``docs/cache.md``).
+        cache_secret: the shared secret that signs every remote object (default
+            ``$FXCODEGEN_CACHE_SECRET``); without one the remote store is not used.
+        remote_timeout: seconds bounding every Redis operation (default 2).
+
+    Every entry is compiled when Dynamo hands over the graph, never at call time. Keeps a
+    :class:`GraphRecord` per graph in :attr:`graphs` and one :class:`CompiledPool` shared by
+    all its graphs.
+    """
 
     def __init__(
         self,
@@ -639,65 +674,5 @@ class Backend:
         return len(entries)
 
 
-def backend(
-    *,
-    splitting_ops: Iterable[Any],
-    compile_ranges: Iterable[Any] | None = None,
-    compile_sizes: Iterable[int] = (),
-    compiler: str = "inductor",
-    cache_dir: str | os.PathLike[str] | bool | None = None,
-    inductor_config: InductorConfig = None,
-    progress: bool | None = None,
-    range_dim: tuple[str, int] | None = None,
-    remote_cache: str | None = None,
-    cache_secret: str | bytes | None = None,
-    remote_timeout: float | None = None,
-) -> Backend:
-    """A ``torch.compile`` backend that compiles piecewise and stitches with fxcodegen.
-
-    Args:
-        splitting_ops: the ops to split at: ``torch.ops`` operators (``"ns::op"``,
-            ``"ns::op.overload"`` or the object) and torch functions (the object or its dotted
-            name); an ``aten`` name also matches its function form, so
-            ``"aten::scaled_dot_product_attention"`` splits at
-            ``torch.nn.functional.scaled_dot_product_attention`` (``docs/piecewise.md``).
-            The pieces between them are compiled, the splitting pieces run as they are.
-        compile_ranges: ``Range``s or ``(start, end)`` pairs of the dynamic size compiled
-            with dynamic shapes; default one range covering every size.
-        compile_sizes: single sizes compiled with static shapes (checked first).
-        compiler: ``"inductor"`` or ``"eager"``.
-        cache_dir: the artifact cache directory (``docs/cache.md``); ``None``:
-            ``$FXCODEGEN_CACHE_DIR``, else ``~/.cache/fxcodegen``; ``False`` disables it.
-            Only ``"inductor"`` uses it (``"eager"`` has nothing compiled to store).
-        inductor_config: Inductor config patches, or a callable ``entry -> dict`` giving
-            each entry (:class:`fxcodegen.piecewise.Entry`: ``kind``, ``start``, ``end``,
-            ``label``) its own, e.g. max-autotune for single sizes only. The entry keys and
-            the cache key cover the patches each entry gets.
-        progress: show a progress bar while compiling (tqdm on stderr); else one INFO log
-            line per piece-entry. Default: ``FXCODEGEN_PROGRESS`` (``1`` on, ``0`` off; any
-            other non-empty value is a ``ValueError``), else when stderr is a terminal.
-        range_dim: ``(argument name, dimension)`` of the size the ranges and sizes apply
-            to, e.g. ``("input_ids", 1)``; default: the last symbolic dimension of the first
-            tensor input (the tokens). Other symbolic sizes stay dynamic in every entry.
-        remote_cache: ``redis://host:port/db`` of a fleet-wide artifact store behind the
-            local cache (default ``$FXCODEGEN_REMOTE_CACHE``; needs ``redis``), also used to
-            split a cold compile between replicas (``docs/cache.md``).
-        cache_secret: the shared secret that signs every remote object (default
-            ``$FXCODEGEN_CACHE_SECRET``); without one the remote store is not used.
-        remote_timeout: seconds bounding every Redis operation (default 2).
-
-    Every entry is compiled when Dynamo hands over the graph, never at call time.
-    """
-    return Backend(
-        splitting_ops=splitting_ops,
-        compile_ranges=compile_ranges,
-        compile_sizes=compile_sizes,
-        compiler=compiler,
-        cache_dir=cache_dir,
-        inductor_config=inductor_config,
-        progress=progress,
-        range_dim=range_dim,
-        remote_cache=remote_cache,
-        cache_secret=cache_secret,
-        remote_timeout=remote_timeout,
-    )
+backend = Backend
+"""``fxcodegen.backend(...)`` is :class:`Backend` itself: one signature, documented there."""
