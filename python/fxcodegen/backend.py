@@ -442,7 +442,7 @@ class Backend:
     ) -> Callable[..., Any] | None:
         """The stitching function through the cache, or None to compile without it."""
         cache = self.cache
-        assert cache is not None
+        assert cache is not None and self.coop is not None  # open_coop gives one per cache
         if not cache.usable():  # warns (once) naming the reason
             record.cache = "untrusted"
             return None
@@ -494,10 +494,7 @@ class Backend:
                 art.storable = False
             return art
 
-        if self.coop is None:
-            art, loaded = cache.get_or_create(key, factors, create)
-        else:
-            art, loaded = self._cooperate(record, key, factors, create, to_compile)
+        art, loaded = self._cooperate(record, key, factors, create, to_compile)
         if loaded:
             try:
                 fn = self._bind_loaded(record, art, split_gm, to_compile, factors)
@@ -511,7 +508,7 @@ class Backend:
                 )
                 art = self._recreate(key, factors, create)
                 record.cache = "healed"
-                if self.coop is not None and art.storable:
+                if art.storable:
                     self.coop.publish(key, force=True)
             else:
                 record.cache = "hit"

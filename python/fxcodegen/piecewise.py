@@ -84,18 +84,6 @@ class OutOfRangeError(ValueError):
     """A runtime size falls in no compiled range and is no compiled size."""
 
 
-def _free_symbols(examples: Sequence[Any]) -> set[sympy.Symbol]:
-    out: set[sympy.Symbol] = set()
-    for v in examples:
-        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            out |= v.node.expr.free_symbols
-        elif isinstance(v, torch.Tensor) and v.layout == torch.strided:
-            for d in (*v.shape, *v.stride(), v.storage_offset()):
-                if isinstance(d, torch.SymInt):
-                    out |= d.node.expr.free_symbols
-    return out
-
-
 def _dispatch_location(
     examples: Sequence[Any], symbol: sympy.Symbol | None
 ) -> tuple[list[int], int | None]:

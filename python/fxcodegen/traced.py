@@ -96,8 +96,7 @@ def dispatch_symbol(gm: torch.fx.GraphModule, range_dim: tuple[str, int] | None)
         raise ValueError(f"range_dim {range_dim!r}: the graph has no tensor input {name!r}")
     for v in values:
         if isinstance(v, torch.Tensor):
-            dims = [d for d in v.shape if isinstance(d, torch.SymInt) and is_symbolic(d)]
-            dims = [d for d in dims if len(d.node.expr.free_symbols) == 1 and d.node.expr.is_Symbol]
+            dims = [d for d in v.shape if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol]
             if dims:
                 return dims[-1].node.expr
     for v in values:
