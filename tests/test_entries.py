@@ -204,6 +204,47 @@ def test_no_duplicate_compiles_counts_and_timings(caplog) -> None:
     assert "graph 0: submod_0 [range (1, 16)] (1/12)" in caplog.text
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_cache_path_labels_entries_as_the_plain_path_does(tmp_path) -> None:
+    """A cold start through the artifact cache compiles entry by entry ahead of building the
+    pieces; the pieces must still label each entry as compiled, reused or shared exactly
+    as without the cache (size 2 shares range (1, 2); identical pieces reuse)."""
+    hows = {}
+    for compiler, cache_dir in (("eager", False), ("inductor", tmp_path / "cache")):
+        torch._dynamo.reset()
+        counters.clear()
+        model = make_decoder(num_layers=3, hidden=16, heads=2)
+        be = fxcodegen.backend(
+            splitting_ops=[ATTENTION],
+            compile_ranges=[(1, 2), (3, 64)],
+            compile_sizes=[2],
+            compiler=compiler,
+            cache_dir=cache_dir,
+            progress=False,
+        )
+        with torch.no_grad():
+            x = torch.randn(20, 16)
+            torch.testing.assert_close(torch.compile(model, backend=be, dynamic=True)(x), model(x))
+        (rec,) = be.graphs
+        hows[compiler] = {n: [p.how[e] for e in p.entries] for n, p in rec.pieces.items()}
+        got = {k: counters[k] for k in ("compile", "compile_reused", "compile_shared")}
+        assert got == {
+            "compile": rec.compiled,
+            "compile_reused": rec.reused,
+            "compile_shared": rec.shared,
+        }
+    assert be.graphs[0].cache == "miss"
+    own = ["compiled", "compiled", "shared"]
+    assert hows["eager"] == {
+        "submod_0": own,
+        "submod_2": own,
+        "submod_4": ["reused", "reused", "shared"],  # the same layer as submod_2
+        "submod_6": own,
+    }
+    assert hows["inductor"] == hows["eager"]
+
+
 @pytest.mark.usefixtures("fresh_dynamo")
 def test_progress_bar_names_piece_and_entry(capsys) -> None:
     be, model = _demo_like_backend(compiler="eager", progress=True)

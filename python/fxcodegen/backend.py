@@ -547,13 +547,10 @@ class Backend:
             pool=self.pool,
         )
         t0 = time.perf_counter()
-        others, mine = coop.gather(work)
+        others, _ = coop.gather(work)
         gather_s = time.perf_counter() - t0
         art = create(others).prepare(key, factors)
         record.compile_s += gather_s
-        # The entries compiled here are in the pool: the pieces found them there, which is
-        # not reuse of an identical piece's result.
-        counters["compile_reused"] -= len(mine)
         if not art.storable:
             log.info("fxcodegen cache: %s is not storable; not stored", key[:16])
         elif coop.read_only:

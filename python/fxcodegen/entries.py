@@ -232,9 +232,9 @@ class Compiled:
     artifact: Any = None
     data: bytes | None = None
     """The artifact's bytes when it was loaded from them (kept for re-export)."""
-    owner: str = ""
-    """The piece that compiled or loaded it (tells sharing within a piece from reuse by an
-    identical piece)."""
+    claimed: bool = True
+    """False while no piece holds it: compiled ahead for a piece (cooperative compile), the
+    first piece to take it from the pool counts it as its own compile, not as reuse."""
 
     def to_bytes(self) -> bytes:
         if self.data is None:

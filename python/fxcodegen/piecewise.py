@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -57,9 +58,11 @@ __all__ = [
     "Compiled",
     "CompiledPool",
     "Entry",
+    "EntrySpec",
     "OutOfRangeError",
     "PiecewiseBackend",
     "counters",
+    "entry_specs",
     "inductor_artifact_bytes",
     "load_inductor_artifact",
     "plan_entries",
@@ -145,6 +148,45 @@ def plan_entries(
     return entries, indices, dim, dispatch_symbol
 
 
+@dataclasses.dataclass(frozen=True)
+class EntrySpec:
+    """How one entry is compiled and keyed."""
+
+    config: dict[str, Any]
+    """The Inductor config patches it is compiled with."""
+    bounds: Bounds | None
+    """What its compile is told about the dispatch size (``None``: nothing, a static piece)."""
+    key: str
+    """Its content key (:func:`entry_key`): what the artifact cache stores it under."""
+    compile_key: str
+    """Its sharing key (:func:`compile_key`): entries with equal keys compile once."""
+
+
+def entry_specs(
+    graph: torch.fx.GraphModule,
+    entries: Sequence[Entry],
+    symbol: sympy.Symbol | None,
+    compiler_id: str,
+    inductor_config: Mapping[str, Any] | Callable[[Entry], Mapping[str, Any]] | None,
+    struct: str | None = None,
+) -> dict[Entry, EntrySpec]:
+    """The :class:`EntrySpec` of each of ``entries`` (from :func:`plan_entries`);
+    ``struct`` is the graph's :func:`structural_key` when known."""
+    struct = struct or structural_key(graph)
+    traced = symbol_range(graph, symbol) if symbol is not None else (0, None)
+    specs = {}
+    for e in entries:
+        config = entry_config(inductor_config, e)
+        bounds = entry_bounds(e, traced) if symbol is not None else None
+        specs[e] = EntrySpec(
+            config,
+            bounds,
+            entry_key(struct, e, compiler_id, config),
+            compile_key(struct, None if bounds is None else bounds.facts(), compiler_id, config),
+        )
+    return specs
+
+
 class PiecewiseBackend(torch.nn.Module):
     """One piece, compiled for all its entries at construction; calling it dispatches.
 
@@ -223,29 +265,14 @@ class PiecewiseBackend(torch.nn.Module):
         self.sym_shape_indices = indices
         self.dispatch_symbol = symbol
         self.entries: list[Entry] = entries
-        self.entry_configs: dict[Entry, dict[str, Any]] = {
-            e: entry_config(inductor_config, e) for e in entries
-        }
-        """The Inductor config patches each entry is compiled with."""
-        traced = symbol_range(graph, symbol) if symbol is not None else (0, None)
-        self.bounds: dict[Entry, Bounds | None] = {
-            e: (entry_bounds(e, traced) if symbol is not None else None) for e in entries
-        }
-        """What each entry's compile is told about the dispatch size."""
-
         self.struct_key = structural_key(graph)
-        self.entry_keys: dict[Entry, str] = {
-            e: entry_key(self.struct_key, e, compiler_id, self.entry_configs[e]) for e in entries
-        }
-        self.compile_keys: dict[Entry, str] = {
-            e: compile_key(
-                self.struct_key,
-                None if self.bounds[e] is None else self.bounds[e].facts(),  # type: ignore[union-attr]
-                compiler_id,
-                self.entry_configs[e],
-            )
-            for e in entries
-        }
+        specs = entry_specs(graph, entries, symbol, compiler_id, inductor_config, self.struct_key)
+        self.entry_configs: dict[Entry, dict[str, Any]] = {e: s.config for e, s in specs.items()}
+        """The Inductor config patches each entry is compiled with."""
+        self.bounds: dict[Entry, Bounds | None] = {e: s.bounds for e, s in specs.items()}
+        """What each entry's compile is told about the dispatch size."""
+        self.entry_keys: dict[Entry, str] = {e: s.key for e, s in specs.items()}
+        self.compile_keys: dict[Entry, str] = {e: s.compile_key for e, s in specs.items()}
         """Each entry's sharing key (what reaches the compiler); equal keys share."""
 
         pool = pool if pool is not None else CompiledPool()
@@ -256,20 +283,27 @@ class PiecewiseBackend(torch.nn.Module):
         """Seconds spent compiling or loading each entry (0 for reused and shared)."""
         sequence = returns_sequence(graph)
         self.returns_tuple = sequence
-        owner = f"{self.piece_name}@{id(self)}"
+        seen: set[str] = set()  # sharing keys this piece already holds
         for entry in entries:
             if before_entry is not None:
                 before_entry(entry)
             key = self.compile_keys[entry]
             compiled = pool.get(key)
             t0 = time.perf_counter()
-            if compiled is not None:
-                how = "shared" if compiled.owner == owner else "reused"
-                counters["compile_" + how] += 1
+            if compiled is not None and key in seen:
+                how = "shared"
+                counters["compile_shared"] += 1
+            elif compiled is not None and not compiled.claimed:
+                # compiled for this piece ahead of it (cooperative compile): counted then
+                compiled.claimed = True
+                how = "compiled"
+            elif compiled is not None:
+                how = "reused"
+                counters["compile_reused"] += 1
             elif artifacts is not None and self.entry_keys[entry] in artifacts:
                 data = bytes(artifacts[self.entry_keys[entry]])
                 art = load_inductor_artifact(data)
-                compiled = Compiled(wrap_inductor(art, sequence), art, data, owner)
+                compiled = Compiled(wrap_inductor(art, sequence), art, data)
                 counters["artifact_loaded"] += 1
                 pool.put(key, compiled)
                 how = "loaded"
@@ -288,7 +322,6 @@ class PiecewiseBackend(torch.nn.Module):
                     entry=entry,
                     name=self.piece_name,
                 )
-                compiled.owner = owner
                 counters["compile"] += 1
                 pool.put(key, compiled)
                 how = "compiled"
@@ -302,6 +335,7 @@ class PiecewiseBackend(torch.nn.Module):
                 compiler_id,
                 seconds,
             )
+            seen.add(key)
             self._compiled[entry] = compiled
             self.how[entry] = how
             self.entry_seconds[entry] = seconds

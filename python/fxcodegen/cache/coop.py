@@ -91,46 +91,47 @@ def plan(
     dispatch_symbol: Any,
     pool: Any,
 ) -> list[Work]:
-    """The distinct piece-entries of ``pieces`` (``{name: graph}``) not already in ``pool``,
-    in a stable order, each compiled alone by a one-entry ``PiecewiseBackend`` into
-    ``pool``. Entry keys depend only on the piece's structure, the entry, the compiler and
-    its config, so the one-entry piece's key is the full piece's key."""
-    from fxcodegen.entries import entry_config
-    from fxcodegen.keys import entry_key, structural_key
-    from fxcodegen.piecewise import PiecewiseBackend, plan_entries
+    """The piece-entries of ``pieces`` (``{name: graph}``) that need a compile, in a stable
+    order: one per sharing key (:func:`~fxcodegen.piecewise.compile_key`) not already in
+    ``pool``, named by the entry key the cache stores it under. Each compiles into ``pool``,
+    unclaimed, so that the piece built afterwards counts it as its own compile."""
+    from fxcodegen.entries import compile_entry
+    from fxcodegen.piecewise import entry_specs, plan_entries
 
     work: dict[str, Work] = {}
     for name, graph in pieces.items():
-        entries, _, _, _ = plan_entries(
+        entries, _, _, symbol = plan_entries(
             graph,
             compile_ranges=compile_ranges,
             compile_sizes=compile_sizes,
             dispatch_symbol=dispatch_symbol,
         )
-        struct = structural_key(graph)
-        for entry in entries:
-            key = entry_key(struct, entry, "inductor", entry_config(inductor_config, entry))
-            if key in work or key in pool:
+        for entry, spec in entry_specs(graph, entries, symbol, "inductor", inductor_config).items():
+            if spec.compile_key in work or spec.compile_key in pool:
                 continue
 
             def compile_one(
-                graph: Any = graph, entry: Any = entry, key: str = key, name: str = name
+                graph: Any = graph,
+                entry: Any = entry,
+                spec: Any = spec,
+                symbol: Any = symbol,
+                name: str = name,
             ) -> bytes:
-                one = PiecewiseBackend(
+                compiled = compile_entry(
                     graph,
-                    compile_ranges=[entry.range] if entry.kind == "range" else [],
-                    compile_sizes=[entry.start] if entry.kind == "size" else [],
                     compiler="inductor",
+                    symbol=symbol,
+                    bounds=spec.bounds,
+                    config=spec.config,
+                    entry=entry,
                     name=name,
-                    pool=pool,
-                    inductor_config=inductor_config,
-                    dispatch_symbol=dispatch_symbol,
                 )
-                if key not in one.entry_keys.values():
-                    raise RuntimeError(f"{name} [{entry}]: the one-entry piece has another key")
-                return one.export_artifacts()[key]
+                _count("compile")
+                compiled.claimed = False
+                pool.put(spec.compile_key, compiled)
+                return compiled.to_bytes()
 
-            work[key] = Work(key, f"{name} [{entry}]", compile_one)
+            work[spec.compile_key] = Work(spec.key, f"{name} [{entry}]", compile_one)
     return list(work.values())
 
 
