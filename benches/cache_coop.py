@@ -43,46 +43,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-CHILD = ROOT / "tests" / "_cache_child.py"
 sys.path.insert(0, str(ROOT / "tests"))
 from _redis_server import RedisServer  # noqa: E402
+from _toy_children import add_model_args, child_config, child_env, finish, start  # noqa: E402
 
 SECRET = "bench-secret"
-
-
-def _ranges(text: str) -> list[list[int]]:
-    return [[int(a), int(b)] for a, _, b in (p.partition("-") for p in text.split(","))]
-
-
-def _env(inductor_dir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_dir)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), env.get("PYTHONPATH")]))
-    for var in ("FXCODEGEN_PROGRESS", "FXCODEGEN_REMOTE_CACHE", "FXCODEGEN_CACHE_DIR"):
-        env.pop(var, None)
-    return env
-
-
-def _start(cfg: dict[str, Any], inductor_dir: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(CHILD), json.dumps(cfg)],
-        env=_env(inductor_dir),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _finish(p: subprocess.Popen[str], t0: float) -> dict[str, Any]:
-    out, err = p.communicate(timeout=1800)
-    wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        sys.stderr.write(err[-4000:])
-        raise SystemExit(f"child failed with status {p.returncode}")
-    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
-    r = json.loads(line[len("RESULT ") :])
-    r["process_wall_s"] = wall
-    return r
 
 
 def _together(tmp: Path, runs: list[tuple[dict[str, Any], Path]]) -> list[dict[str, Any]]:
@@ -91,7 +56,7 @@ def _together(tmp: Path, runs: list[tuple[dict[str, Any], Path]]) -> list[dict[s
     readies = [tmp / f"ready-{time.monotonic_ns()}-{i}" for i in range(len(runs))]
     t0 = time.perf_counter()
     procs = [
-        _start({**cfg, "ready": str(r), "go": str(go)}, d)
+        start({**cfg, "ready": str(r), "go": str(go)}, d)
         for (cfg, d), r in zip(runs, readies, strict=True)
     ]
     while not all(r.exists() for r in readies):
@@ -99,17 +64,12 @@ def _together(tmp: Path, runs: list[tuple[dict[str, Any], Path]]) -> list[dict[s
             raise SystemExit("a child exited early: " + procs[0].communicate()[1][-3000:])
         time.sleep(0.02)
     go.write_text("go")
-    return [_finish(p, t0) for p in procs]
+    return [finish(p, t0) for p in procs]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ranges", type=_ranges, default=_ranges("1-16,17-128"))
-    p.add_argument("--sizes", default="32", help="single compile sizes, comma-separated")
-    p.add_argument("--run-sizes", default="20,5,32,100", help="sizes run (first: first call)")
+    add_model_args(p)
     p.add_argument("--warm-repeats", type=int, default=2)
     p.add_argument(
         "--compile-threads",
@@ -128,14 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.compile_threads is not None:
         os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(args.compile_threads)
-    base = {
-        "layers": args.layers,
-        "hidden": args.hidden,
-        "heads": args.heads,
-        "ranges": args.ranges,
-        "compile_sizes": [int(s) for s in args.sizes.split(",") if s],
-        "sizes": [int(s) for s in args.run_sizes.split(",") if s],
-    }
+    base = child_config(args)
     rows: list[tuple[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="fxcodegen-coop-bench-") as tmp_name:
         t = Path(tmp_name)
@@ -269,7 +222,7 @@ torch._inductor.standalone_compile(gm, [torch.randn(8, 8), torch.randn(8, 8)],
 def _prewarm(inductor_dir: Path) -> None:
     """Compile an unrelated graph into ``inductor_dir``: Inductor's one-time setup of a cache
     directory (on CPU, most of a first compile), none of the decoder's entries."""
-    subprocess.run([sys.executable, "-c", _PREWARM], env=_env(inductor_dir), check=True)
+    subprocess.run([sys.executable, "-c", _PREWARM], env=child_env(inductor_dir), check=True)
 
 
 class _PairOnly(Exception):

@@ -30,67 +30,21 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-CHILD = ROOT / "tests" / "_cache_child.py"
-
-
-def _ranges(text: str) -> list[list[int]]:
-    out = []
-    for part in text.split(","):
-        a, _, b = part.partition("-")
-        out.append([int(a), int(b)])
-    return out
-
-
-def _run(cfg: dict[str, Any], inductor_dir: Path) -> dict[str, Any]:
-    env = dict(os.environ)
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_dir)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), env.get("PYTHONPATH")]))
-    env.pop("FXCODEGEN_PROGRESS", None)
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(CHILD), json.dumps(cfg)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"child failed with status {proc.returncode}")
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    result = json.loads(line[len("RESULT ") :])
-    result["process_wall_s"] = wall
-    return result
+from _toy_children import ROOT, add_model_args, child_config, run
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ranges", type=_ranges, default=_ranges("1-16,17-128"))
-    p.add_argument("--sizes", default="32", help="single compile sizes, comma-separated")
-    p.add_argument("--run-sizes", default="20,5,32,100", help="sizes run (first: first call)")
+    add_model_args(p)
     p.add_argument("--json", default=str(ROOT / "benches" / "cache_warm_start.json"))
     args = p.parse_args(argv)
 
-    base = {
-        "layers": args.layers,
-        "hidden": args.hidden,
-        "heads": args.heads,
-        "ranges": args.ranges,
-        "compile_sizes": [int(s) for s in args.sizes.split(",") if s],
-        "sizes": [int(s) for s in args.run_sizes.split(",") if s],
-    }
+    base = child_config(args)
     rows: list[tuple[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="fxcodegen-warm-bench-") as tmp:
         t = Path(tmp)
@@ -103,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for name, cache_dir, inductor_dir in plan:
             print(f"running {name} ...", file=sys.stderr, flush=True)
-            rows.append((name, _run({**base, "cache_dir": str(cache_dir)}, inductor_dir)))
+            rows.append((name, run({**base, "cache_dir": str(cache_dir)}, inductor_dir)))
 
     cold_out = [o["out"] for o in rows[0][1]["outputs"]]
     for name, r in rows:

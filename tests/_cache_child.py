@@ -15,11 +15,12 @@ imports are done); for the remote store ``remote_cache``, ``cache_secret``,
 from __future__ import annotations
 
 import json
-import logging
 import os
 import resource
 import sys
 import time
+
+from _child_io import Collect, ready_then_go
 
 T_START = time.perf_counter()
 
@@ -31,25 +32,13 @@ def cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-class _Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.records: list[tuple[str, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append((record.levelname, record.getMessage()))
-
-
 def main() -> int:
     cfg = json.loads(sys.argv[1])
     import fxcodegen
     import torch
     from fxcodegen.toy import ATTENTION_OP, make_decoder
 
-    collect = _Collect()
-    logger = logging.getLogger("fxcodegen")
-    logger.addHandler(collect)
-    logger.setLevel(logging.INFO)
+    collect = Collect.install()
     t_imported = time.perf_counter()
 
     if cfg.get("claim_ttl"):
@@ -68,13 +57,7 @@ def main() -> int:
         remote_timeout=cfg.get("remote_timeout"),
     )
     compiled = torch.compile(model, backend=be, dynamic=True)
-    if cfg.get("ready"):
-        with open(cfg["ready"], "w") as f:
-            f.write(str(os.getpid()))
-    if cfg.get("go"):
-        deadline = time.monotonic() + 600
-        while not os.path.exists(cfg["go"]) and time.monotonic() < deadline:
-            time.sleep(0.01)
+    ready_then_go(cfg, timeout_s=600)
 
     outputs = []
     first_call_s = first_call_cpu_s = None
@@ -124,10 +107,8 @@ def main() -> int:
         "first_call_cpu_s": first_call_cpu_s,
         "run_s": run_s,
         "total_s": time.perf_counter() - T_START,
-        "warnings": [m for lvl, m in collect.records if lvl == "WARNING"],
-        "log": [m for _, m in collect.records],
     }
-    print("RESULT " + json.dumps(result), flush=True)
+    collect.report(result)
     return 0
 
 

@@ -16,19 +16,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
-import os
 import sys
 import time
 
-
-class _Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.records: list[tuple[str, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append((record.levelname, record.getMessage()))
+from _child_io import Collect, ready_then_go, write_ready
 
 
 def entry_key(i: int) -> str:
@@ -46,10 +37,7 @@ def main() -> int:
     from fxcodegen.cache.remote import open_remote
     from fxcodegen.piecewise import counters
 
-    collect = _Collect()
-    logger = logging.getLogger("fxcodegen")
-    logger.addHandler(collect)
-    logger.setLevel(logging.INFO)
+    collect = Collect.install()
     remote = open_remote(cfg.get("remote"), cfg.get("secret"), claim_ttl=cfg.get("claim_ttl"))
     coop = Coop(Cache(cfg["cache_dir"]), remote, wait_s=cfg.get("wait_s"), poll_s=0.05)
     assert coop.cache.usable()
@@ -66,17 +54,10 @@ def main() -> int:
         with contextlib.ExitStack() as stack:
             for i in range(cfg["hold"]):
                 assert stack.enter_context(coop.claim(entry_key(i)))
-            with open(cfg["ready"], "w") as f:
-                f.write(str(os.getpid()))
+            write_ready(cfg["ready"])
             time.sleep(3600)
         return 1
-    if cfg.get("ready"):
-        with open(cfg["ready"], "w") as f:
-            f.write(str(os.getpid()))
-    if cfg.get("go"):
-        deadline = time.monotonic() + 120
-        while not os.path.exists(cfg["go"]) and time.monotonic() < deadline:
-            time.sleep(0.01)
+    ready_then_go(cfg, timeout_s=120)
     t0 = time.monotonic()
     others, mine = coop.gather([work(i) for i in range(cfg["n"])])
     elapsed = time.monotonic() - t0
@@ -90,10 +71,8 @@ def main() -> int:
         "sha": got,
         "elapsed": elapsed,
         "counters": dict(counters),
-        "warnings": [m for lvl, m in collect.records if lvl == "WARNING"],
-        "log": [m for _, m in collect.records],
     }
-    print("RESULT " + json.dumps(result), flush=True)
+    collect.report(result)
     return 0
 
 

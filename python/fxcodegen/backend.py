@@ -271,19 +271,7 @@ class Backend:
         pieces: dict[str, PiecewiseBackend] = {}
         try:
             for it in to_compile:
-                piece = PiecewiseBackend(
-                    it.graph,
-                    compile_ranges=self.compile_ranges,
-                    compile_sizes=self.compile_sizes,
-                    compiler=self.compiler,
-                    name=it.submod_name,
-                    pool=self.pool,
-                    artifacts=artifacts,
-                    inductor_config=self.inductor_config,
-                    before_entry=lambda e, n=it.submod_name: progress.start(n, e),
-                    on_entry=lambda e, how, n=it.submod_name: progress.step(n, e, how),
-                    dispatch_symbol=record.dispatch_symbol,
-                )
+                piece = self.piece(it, record, progress, self.pool, artifacts)
                 pieces[it.submod_name] = piece
                 # Replace the child: a non-GraphModule child is called, not inlined.
                 setattr(split_gm, it.submod_name, piece)
@@ -315,6 +303,32 @@ class Backend:
             "graph %d: generated the stitching function in %.4fs", record.index, record.codegen_s
         )
         return pieces, gen
+
+    def piece(
+        self,
+        it: SplitItem,
+        record: GraphRecord,
+        progress: Progress,
+        pool: CompiledPool,
+        artifacts: Mapping[str, bytes] | None = None,
+        compile_missing: bool = True,
+    ) -> PiecewiseBackend:
+        """The :class:`PiecewiseBackend` of one piece with this backend's settings, reporting
+        each entry to ``progress``."""
+        return PiecewiseBackend(
+            it.graph,
+            compile_ranges=self.compile_ranges,
+            compile_sizes=self.compile_sizes,
+            compiler=self.compiler,
+            name=it.submod_name,
+            pool=pool,
+            artifacts=artifacts,
+            compile_missing=compile_missing,
+            inductor_config=self.inductor_config,
+            before_entry=lambda e: progress.start(it.submod_name, e),
+            on_entry=lambda e, how: progress.step(it.submod_name, e, how),
+            dispatch_symbol=record.dispatch_symbol,
+        )
 
     def cache_factors(
         self,

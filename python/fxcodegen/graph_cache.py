@@ -321,20 +321,7 @@ def _bind_loaded(
                 patches = entry_config(be.inductor_config, entry)
                 key = entry_key(piece_keys[it.submod_name], entry, be.compiler, patches)
                 artifacts[key] = data
-            piece = PiecewiseBackend(
-                it.graph,
-                compile_ranges=be.compile_ranges,
-                compile_sizes=be.compile_sizes,
-                compiler=be.compiler,
-                name=it.submod_name,
-                pool=scratch,
-                artifacts=artifacts,
-                compile_missing=False,
-                inductor_config=be.inductor_config,
-                before_entry=lambda e, n=it.submod_name: progress.start(n, e),
-                on_entry=lambda e, how, n=it.submod_name: progress.step(n, e, how),
-                dispatch_symbol=record.dispatch_symbol,
-            )
+            piece = be.piece(it, record, progress, scratch, artifacts, compile_missing=False)
             if (
                 sorted(e.label for e in piece.entries) != sorted(rec.entries)
                 or piece.sym_shape_indices != list(rec.sym_shape_indices)
