@@ -228,6 +228,17 @@ def test_cache_path_labels_entries_as_the_plain_path_does(tmp_path) -> None:
             torch.testing.assert_close(torch.compile(model, backend=be, dynamic=True)(x), model(x))
         (rec,) = be.graphs
         hows[compiler] = {n: [p.how[e] for e in p.entries] for n, p in rec.pieces.items()}
+        # compiles done ahead of the pieces (the cache path) keep their time: most of an
+        # Inductor graph's compile time is its entries' compiles
+        compiled_s = sum(
+            p.entry_seconds[e]
+            for p in rec.pieces.values()
+            for e in p.entries
+            if p.how[e] == "compiled"
+        )
+        assert compiled_s == pytest.approx(sum(rec.compile_by_kind.values()))
+        if compiler == "inductor":  # eager "compiles" take microseconds
+            assert compiled_s >= 0.5 * rec.compile_s, (compiled_s, rec.compile_s)
         got = {k: counters[k] for k in ("compile", "compile_reused", "compile_shared")}
         assert got == {
             "compile": rec.compiled,

@@ -16,6 +16,7 @@ store.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sys
@@ -264,7 +265,6 @@ class Backend:
         ``(pieces, Generated)``."""
         from fxcodegen import codegen
 
-        before = counters.copy()
         t0 = time.perf_counter()
         total = sum(self._num_entries(it.graph, record) for it in to_compile)
         progress = Progress(total, self.progress_enabled(), record.index)
@@ -281,17 +281,18 @@ class Backend:
         record.num_entries = sum(len(p.entries) for p in pieces.values())
         record.compile_s = time.perf_counter() - t0
         add_entry_times(record, pieces)
+        hows = collections.Counter(h for p in pieces.values() for h in p.how.values())
         log.info(
-            "graph %d: compiled %d piece-entries with %s in %.2fs (%d compiles, %d reused, "
-            "%d shared, %d loaded)",
+            "graph %d: %d piece-entries with %s in %.2fs (%d compiled, %d reused, %d shared, "
+            "%d loaded)",
             record.index,
             record.num_entries,
             self.compiler,
             record.compile_s,
-            counters["compile"] - before["compile"],
-            counters["compile_reused"] - before["compile_reused"],
-            counters["compile_shared"] - before["compile_shared"],
-            counters["artifact_loaded"] - before["artifact_loaded"],
+            hows["compiled"],
+            hows["reused"],
+            hows["shared"],
+            hows["loaded"],
         )
 
         t0 = time.perf_counter()

@@ -235,6 +235,8 @@ class Compiled:
     claimed: bool = True
     """False while no piece holds it: compiled ahead for a piece (cooperative compile), the
     first piece to take it from the pool counts it as its own compile, not as reuse."""
+    seconds: float = 0.0
+    """How long its compile took, when compiled ahead (reported by the piece that claims it)."""
 
     def to_bytes(self) -> bytes:
         if self.data is None:

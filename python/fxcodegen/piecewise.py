@@ -290,12 +290,13 @@ class PiecewiseBackend(torch.nn.Module):
             key = self.compile_keys[entry]
             compiled = pool.get(key)
             t0 = time.perf_counter()
+            ahead = 0.0  # seconds of a compile done before this piece existed
             if compiled is not None and key in seen:
                 how = "shared"
                 counters["compile_shared"] += 1
             elif compiled is not None and not compiled.claimed:
                 # compiled for this piece ahead of it (cooperative compile): counted then
-                compiled.claimed = True
+                compiled.claimed, ahead = True, compiled.seconds
                 how = "compiled"
             elif compiled is not None:
                 how = "reused"
@@ -325,7 +326,7 @@ class PiecewiseBackend(torch.nn.Module):
                 counters["compile"] += 1
                 pool.put(key, compiled)
                 how = "compiled"
-            seconds = time.perf_counter() - t0 if how in ("compiled", "loaded") else 0.0
+            seconds = ahead or (time.perf_counter() - t0 if how in ("compiled", "loaded") else 0.0)
             log.debug(
                 "%s %s [%s] (%s) with %s in %.3fs",
                 how,

@@ -117,6 +117,7 @@ def plan(
                 symbol: Any = symbol,
                 name: str = name,
             ) -> bytes:
+                t0 = time.perf_counter()
                 compiled = compile_entry(
                     graph,
                     compiler="inductor",
@@ -127,7 +128,7 @@ def plan(
                     name=name,
                 )
                 _count("compile")
-                compiled.claimed = False
+                compiled.claimed, compiled.seconds = False, time.perf_counter() - t0
                 pool.put(spec.compile_key, compiled)
                 return compiled.to_bytes()
 
