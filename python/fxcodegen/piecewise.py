@@ -290,13 +290,13 @@ class PiecewiseBackend(torch.nn.Module):
             key = self.compile_keys[entry]
             compiled = pool.get(key)
             t0 = time.perf_counter()
-            ahead = 0.0  # seconds of a compile done before this piece existed
+            seconds = 0.0  # spent compiling or loading it
             if compiled is not None and key in seen:
                 how = "shared"
                 counters["compile_shared"] += 1
             elif compiled is not None and not compiled.claimed:
                 # compiled for this piece ahead of it (cooperative compile): counted then
-                compiled.claimed, ahead = True, compiled.seconds
+                compiled.claimed, seconds = True, compiled.seconds
                 how = "compiled"
             elif compiled is not None:
                 how = "reused"
@@ -307,7 +307,7 @@ class PiecewiseBackend(torch.nn.Module):
                 compiled = Compiled(wrap_inductor(art, sequence), art, data)
                 counters["artifact_loaded"] += 1
                 pool.put(key, compiled)
-                how = "loaded"
+                how, seconds = "loaded", time.perf_counter() - t0
             elif not compile_missing:
                 raise KeyError(
                     f"no artifact for {self.piece_name} [{entry}] (key "
@@ -325,8 +325,7 @@ class PiecewiseBackend(torch.nn.Module):
                 )
                 counters["compile"] += 1
                 pool.put(key, compiled)
-                how = "compiled"
-            seconds = ahead or (time.perf_counter() - t0 if how in ("compiled", "loaded") else 0.0)
+                how, seconds = "compiled", time.perf_counter() - t0
             log.debug(
                 "%s %s [%s] (%s) with %s in %.3fs",
                 how,
