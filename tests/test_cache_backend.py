@@ -33,6 +33,7 @@ from fxcodegen import counters
 from fxcodegen.backend import Backend
 from fxcodegen.cache import Artifact, Cache, PieceRecord
 from fxcodegen.cache.keys import fxcodegen_build
+from fxcodegen.graph_cache import cache_factors
 from fxcodegen.toy import ATTENTION_OP, attention, make_decoder
 
 TESTS = Path(__file__).resolve().parent
@@ -574,7 +575,7 @@ def _factors(module: torch.nn.Module, **backend_kwargs: Any) -> tuple[dict[str, 
     gm = torch.fx.symbolic_trace(module)
     be = Backend(splitting_ops=[ATTENTION_OP], cache_dir=False, **backend_kwargs)
     split_gm, items = fxcodegen.split_graph(gm, be.splitting_ops)
-    return be.cache_factors(split_gm, [it for it in items if not it.is_splitting_graph])
+    return cache_factors(be, split_gm, [it for it in items if not it.is_splitting_graph])
 
 
 def test_key_covers_baked_constants_and_nothing_host_specific(tmp_path: Path) -> None:
@@ -642,5 +643,5 @@ def test_graph_with_a_closure_is_not_cached(tmp_path: Path) -> None:
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     be = Backend(splitting_ops=[ATTENTION_OP], cache_dir=tmp_path)
     split_gm, items = fxcodegen.split_graph(gm, be.splitting_ops)
-    _, stable = be.cache_factors(split_gm, [it for it in items if not it.is_splitting_graph])
+    _, stable = cache_factors(be, split_gm, [it for it in items if not it.is_splitting_graph])
     assert not stable  # keyed by identity: valid in this process only, so never stored

@@ -29,7 +29,7 @@ import torch
 from fxcodegen.cache import Cache, open_cache
 from fxcodegen.cache.coop import open_coop
 from fxcodegen.cache.remote import open_remote
-from fxcodegen.graph_cache import cache_factors, through_cache
+from fxcodegen.graph_cache import through_cache
 from fxcodegen.piecewise import (
     COMPILERS,
     CompiledPool,
@@ -330,15 +330,6 @@ class Backend:
             on_entry=lambda e, how: progress.step(it.submod_name, e, how),
             dispatch_symbol=record.dispatch_symbol,
         )
-
-    def cache_factors(
-        self,
-        split_gm: torch.fx.GraphModule,
-        to_compile: list[SplitItem],
-        dispatch_symbol: Any = None,
-    ) -> tuple[dict[str, Any], bool]:
-        """``(factors, stable)`` of a split graph: :func:`fxcodegen.graph_cache.cache_factors`."""
-        return cache_factors(self, split_gm, to_compile, dispatch_symbol)
 
     def _num_entries(self, gm: torch.fx.GraphModule, record: GraphRecord) -> int:
         entries = plan_entries(
