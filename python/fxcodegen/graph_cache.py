@@ -257,6 +257,7 @@ def _cooperate(
         inductor_config=be.inductor_config,
         dispatch_symbol=record.dispatch_symbol,
         pool=be.pool,
+        struct_keys=factors["extra"]["pieces"],  # computed for the key already
     )
     t0 = time.perf_counter()
     others, _ = coop.gather(work)

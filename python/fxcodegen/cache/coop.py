@@ -90,11 +90,13 @@ def plan(
     inductor_config: Any,
     dispatch_symbol: Any,
     pool: Any,
+    struct_keys: Mapping[str, str] | None = None,
 ) -> list[Work]:
     """The piece-entries of ``pieces`` (``{name: graph}``) that need a compile, in a stable
     order: one per sharing key (:func:`~fxcodegen.piecewise.compile_key`) not already in
     ``pool``, named by the entry key the cache stores it under. Each compiles into ``pool``,
-    unclaimed, so that the piece built afterwards counts it as its own compile."""
+    unclaimed, so that the piece built afterwards counts it as its own compile.
+    ``struct_keys``: each piece's :func:`~fxcodegen.keys.structural_key`, when known."""
     from fxcodegen.entries import compile_entry
     from fxcodegen.piecewise import entry_specs, plan_entries
 
@@ -106,7 +108,9 @@ def plan(
             compile_sizes=compile_sizes,
             dispatch_symbol=dispatch_symbol,
         )
-        for entry, spec in entry_specs(graph, entries, symbol, "inductor", inductor_config).items():
+        struct = (struct_keys or {}).get(name)
+        specs = entry_specs(graph, entries, symbol, "inductor", inductor_config, struct)
+        for entry, spec in specs.items():
             if spec.compile_key in work or spec.compile_key in pool:
                 continue
 
