@@ -152,9 +152,9 @@ def test_machines_sharing_redis_then_an_empty_disk_compiles_nothing(
 
     # a value truncated and one replaced in Redis: not used, recompiled, replaced
     r = redis_server.client()
-    (art,) = r.keys(f"{PREFIX}art:*")
+    (art,) = r.keys(f"{PREFIX}*:art:*")
     r.set(art, r.get(art)[:-100])
-    blobs = sorted(r.keys(f"{PREFIX}blob:*"))
+    blobs = sorted(r.keys(f"{PREFIX}*:blob:*"))
     r.set(blobs[0], r.get(blobs[1]))  # a valid value of another key
     fourth = run_child(tmp_path / "m4", shared.inductor_dir, **remote)
     _skip_if_rebuilt(shared.build)
@@ -183,7 +183,7 @@ def test_redis_killed_mid_cold_start(
 ) -> None:
     p = _spawn(tmp_path / "c", shared.inductor_dir, **_remote(redis_server))
     try:
-        _wait_for_key(redis_server, f"{PREFIX}entry:*", p)
+        _wait_for_key(redis_server, f"{PREFIX}*:entry:*", p)
         assert p.poll() is None
         redis_server.kill()
         r = _finish(p)
@@ -204,12 +204,12 @@ def test_claimer_killed_mid_compile(
     remote = _remote(redis_server, claim_ttl=2)
     victim = _spawn(tmp_path / "victim", shared.inductor_dir, **remote)
     try:
-        _wait_for_key(redis_server, f"{PREFIX}claim:*", victim)
+        _wait_for_key(redis_server, f"{PREFIX}*:claim:*", victim)
         os.kill(victim.pid, signal.SIGKILL)  # dies holding a claim, mid-compile
     finally:
         victim.kill()
         victim.communicate(timeout=30)
-    stored = len(redis_server.client().keys(f"{PREFIX}entry:*"))
+    stored = len(redis_server.client().keys(f"{PREFIX}*:entry:*"))
     build = _build_hash()
     r = run_child(tmp_path / "survivor", shared.inductor_dir, **remote)
     _skip_if_rebuilt(build)

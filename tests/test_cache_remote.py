@@ -22,7 +22,7 @@ from _redis_server import RedisServer, free_port, serve
 from fxcodegen import cache_cli
 from fxcodegen.cache import Artifact, Cache, PieceRecord
 from fxcodegen.cache.coop import Coop, clear_entries
-from fxcodegen.cache.remote import PREFIX, RemoteStore, open_remote, sign, unsign
+from fxcodegen.cache.remote import RemoteStore, open_remote, sign, unsign
 
 TESTS = Path(__file__).resolve().parent
 COOP_CHILD = TESTS / "_coop_child.py"
@@ -113,7 +113,7 @@ def test_publish_fill_and_tampering(
     assert not Coop(a, ra).publish(key)  # already there
     r = redis_server.client()
     names = sorted(n.decode() for n in r.keys("*"))
-    assert [n.split(":")[2] for n in names] == ["art", "blob", "blob"]
+    assert [n.split(":")[3] for n in names] == ["art", "blob", "blob"]
     assert all(r.get(n).startswith(b"FXCGSIG1") for n in names)  # signed
     # nothing names a path or a host
     assert all(str(tmp_path) not in n for n in names)
@@ -125,7 +125,7 @@ def test_publish_fill_and_tampering(
     assert b.verify() == []
 
     # a value truncated or replaced in Redis: not used, logged once, then replaced
-    art_name = f"{PREFIX}art:{key}"
+    art_name = ra.name("art", key)
     r.set(art_name, r.get(art_name)[:-10])
     c = Cache(tmp_path / "c")
     rc = RemoteStore(redis_server.url, SECRET.encode())
@@ -136,7 +136,7 @@ def test_publish_fill_and_tampering(
     assert len(bad) == 1, _warnings(caplog)
     assert not c.artifact_path(key).exists()
     blob_name = next(n for n in names if ":blob:" in n)
-    other = sign(SECRET.encode(), f"{PREFIX}blob:{'0' * 64}", b"hostile")
+    other = sign(SECRET.encode(), ra.name("blob", "0" * 64), b"hostile")
     r.set(blob_name, other)  # validly signed, but for another key
     assert cache_cli.main(["verify", "--remote", redis_server.url]) == 1
     # the process that found them bad writes them again
@@ -161,16 +161,19 @@ def test_cli_remote_ls_verify_clear(
     assert key[:16] in out and "1 artifact(s)" in out and "pieces=1 entries=2" in out
     assert cache_cli.main(["verify", "--remote", redis_server.url]) == 0
     assert "0 object(s) with problems" in capsys.readouterr().out
-    monkeypatch.setenv("FXCODEGEN_CACHE_SECRET", "another secret")
-    assert cache_cli.main(["verify", "--remote", redis_server.url]) == 1
-    assert "bad signature" in capsys.readouterr().out
+    # another secret has its own namespace: it sees none of these, and says so
+    monkeypatch.setenv("FXCODEGEN_CACHE_SECRET", "another secret, as long")
+    assert cache_cli.main(["verify", "--remote", redis_server.url]) == 0
+    out = capsys.readouterr().out
+    assert "0 object(s), 0 object(s) with problems" in out
+    assert "3 object(s) signed with other secrets (not checked)" in out
     monkeypatch.delenv("FXCODEGEN_CACHE_SECRET")
     assert cache_cli.main(["verify", "--remote", redis_server.url]) == 2
     assert "FXCODEGEN_CACHE_SECRET" in capsys.readouterr().err
     assert cache_cli.main(["clear", "--remote", redis_server.url]) == 0
     assert "removed 3" in capsys.readouterr().out
     assert redis_server.client().dbsize() == 0
-    assert cache_cli.main(["ls", "--remote", f"redis://127.0.0.1:{free_port()}/0"]) == 1
+    assert cache_cli.main(["ls", "--remote", f"redis://127.0.0.1:{free_port()}/0"]) == 2
 
 
 # --------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import torch
 
 from fxcodegen.cache import Cache, open_cache
 from fxcodegen.cache.coop import open_coop
+from fxcodegen.cache.options import check_cache_dir
 from fxcodegen.cache.remote import open_remote
 from fxcodegen.graph_cache import through_cache
 from fxcodegen.piecewise import (
@@ -92,7 +93,9 @@ class Backend:
             split a cold compile between replicas (``docs/cache.md``).
         cache_secret: the shared secret that signs every remote object (default
             ``$FXCODEGEN_CACHE_SECRET``); without one the remote store is not used.
-        remote_timeout: seconds bounding every Redis operation (default 2).
+        remote_timeout: seconds bounding every Redis operation, start to end (default 2).
+        claim_wait: seconds a cold start waits in all for entries other processes have
+            claimed before compiling them itself (default 900).
 
     Every entry is compiled when Dynamo hands over the graph, never at call time. Keeps a
     :class:`GraphRecord` per graph in :attr:`graphs` and one :class:`CompiledPool` shared by
@@ -113,6 +116,7 @@ class Backend:
         remote_cache: str | None = None,
         cache_secret: str | bytes | None = None,
         remote_timeout: float | None = None,
+        claim_wait: float | None = None,
     ) -> None:
         self.progress_env = progress_env()  # a bad value fails here
         watch_dynamo()
@@ -132,10 +136,7 @@ class Backend:
                 "compile_ranges=None for one covering every size) or a size"
             )
         self.compiler = compiler
-        if isinstance(cache_dir, bool):
-            self.cache_dir: str | bool | None = None if cache_dir else False
-        else:
-            self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_dir: str | bool | None = check_cache_dir(cache_dir)
         """The ``cache_dir`` argument: a path, ``None`` (the default directory) or ``False``."""
         self.cache: Cache | None = None
         """The artifact cache, or None: disabled (``cache_dir=False``) or a compiler without
@@ -143,7 +144,9 @@ class Backend:
         if compiler == "inductor":
             self.cache = open_cache(self.cache_dir)
         self.coop = open_coop(
-            self.cache, open_remote(remote_cache, cache_secret, timeout=remote_timeout)
+            self.cache,
+            open_remote(remote_cache, cache_secret, timeout=remote_timeout),
+            wait_s=claim_wait,
         )
         """Cooperative compile and the remote store (:mod:`fxcodegen.cache.coop`), or None
         without a local cache."""

@@ -3,21 +3,23 @@
 
 Nothing here unpickles or unmarshals: listing, showing and verifying read only the
 checksummed JSON metadata (and check signatures), so they are safe on a cache of unknown
-origin.
+origin. File names are printed escaped (:func:`shown`): a name cannot forge a line or move
+the terminal's cursor. Exit status: 0 fine, 1 problems found, 2 the command could not run
+(no such cache, no secret, an unreachable or misbehaving server).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import stat
 import sys
 from typing import Any
 
 from fxcodegen.cache import Cache, CacheError, resolve_cache_dir
-from fxcodegen.cache.coop import clear_entries
 from fxcodegen.cache.format import read_meta
-from fxcodegen.cache.remote import PREFIX, SECRET_ENV, RemoteStore, resolve_secret, unsign
+from fxcodegen.cache.remote import SECRET_ENV, RemoteError, RemoteStore, resolve_secret, unsign
 
 _FACTORS_SHOWN = ("compiler", "compile_ranges", "compile_sizes", "splitting_ops", "torch", "graph")
 
@@ -41,6 +43,20 @@ def _factor_text(name: str, value: object) -> str:
     return str(value)
 
 
+def shown(path: str | os.PathLike[str]) -> str:
+    """``path`` for a terminal: control characters, backslashes and bytes that are not
+    UTF-8 escaped (``\\n``, ``\\x1b``, ``\\xff``), so every name prints as one line."""
+    out = []
+    for ch in os.fsdecode(path):
+        if "\udc80" <= ch <= "\udcff":  # a byte that was not UTF-8 (surrogateescape)
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        elif ch == "\\" or not ch.isprintable():
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def _cache(args: argparse.Namespace) -> Cache:
     root = resolve_cache_dir(args.dir)
     assert root is not None
@@ -52,13 +68,13 @@ def _remote(args: argparse.Namespace, *, need_secret: bool) -> RemoteStore | Non
     if need_secret and not secret:
         print(f"{SECRET_ENV} is not set: signatures cannot be checked", file=sys.stderr)
         return None
-    return RemoteStore(args.remote, secret or b"", timeout=5.0)
+    return RemoteStore(args.remote, secret, timeout=args.timeout)
 
 
 def _remote_errors() -> tuple[type[BaseException], ...]:
     import redis
 
-    return (redis.RedisError, OSError)
+    return (redis.RedisError, OSError, RemoteError, ValueError)
 
 
 def remote_ls(args: argparse.Namespace) -> int:
@@ -67,25 +83,26 @@ def remote_ls(args: argparse.Namespace) -> int:
     names = sorted(store.scan("art"))
     print(f"{store!r}: {len(names)} artifact(s)")
     for name in names:
-        value = store.client.get(name) or b""
-        key = name[len(PREFIX) + len("art:") :]
+        value = store.run("get", name) or b""
+        key = name.rpartition(":")[2]
         payload = unsign(store.secret, name, value) if store.secret else value[40:]
         if payload is None:
-            print(f"{key[:16]}  {_human(len(value)):>10}  BAD SIGNATURE")
+            print(f"{shown(key[:16])}  {_human(len(value)):>10}  BAD SIGNATURE")
             continue
         try:
             _, _, meta = read_meta(name, payload)  # type: ignore[arg-type]
         except CacheError as e:
-            print(f"{key[:16]}  {_human(len(value)):>10}  DAMAGED: {e.reason}")
+            print(f"{shown(key[:16])}  {_human(len(value)):>10}  DAMAGED: {e.reason}")
             continue
         entries = sum(len(p.get("entries") or {}) for p in meta["pieces"])
         factors = meta.get("factors") or {}
-        shown = "  ".join(
+        shown_factors = "  ".join(
             f"{n}={_factor_text(n, factors[n])}" for n in _FACTORS_SHOWN if n in factors
         )
         print(
             f"{key[:16]}  {_human(len(value)):>10}  pieces={len(meta['pieces'])} "
-            f"entries={entries}  {shown}" + ("" if store.secret else "  (signature not checked)")
+            f"entries={entries}  {shown_factors}"
+            + ("" if store.secret else "  (signature not checked)")
         )
     return 0
 
@@ -95,10 +112,13 @@ def remote_verify(args: argparse.Namespace) -> int:
     if store is None:
         return 2
     names = sorted(store.scan())
+    foreign = sum(1 for n in store.scan(every_namespace=True) if not n.startswith(store.namespace))
     problems = [(n, why) for n in names if (why := store.verify_name(n))]
     for name, why in problems:
-        print(f"{name}: {why}")
+        print(f"{shown(name)}: {why}")
     print(f"{store!r}: {len(names)} object(s), {len(problems)} object(s) with problems")
+    if foreign:
+        print(f"{foreign} object(s) signed with other secrets (not checked)")
     return 1 if problems else 0
 
 
@@ -116,8 +136,8 @@ def _with_remote(local: Any, remote: Any) -> Any:
         try:
             return int(remote(args))
         except _remote_errors() as e:
-            print(f"{args.remote}: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
+            print(f"cache {args.command} --remote: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
 
     return run
 
@@ -179,9 +199,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     problems = cache.verify()
     keys = cache.keys()
     for path, reason in problems:
-        print(f"{path}: {reason}")
+        print(f"{shown(path)}: {shown(reason)}")
     bad = len({p for p, _ in problems})
-    print(f"{cache.root}: {len(keys)} artifact(s), {bad} file(s) with problems")
+    print(f"{shown(cache.root)}: {len(keys)} artifact(s), {bad} file(s) with problems")
     return 1 if problems else 0
 
 
@@ -190,8 +210,12 @@ def cmd_clear(args: argparse.Namespace) -> int:
     if not cache.root.is_dir():
         print(f"{cache.root}: no cache directory")
         return 0
-    removed = cache.clear() + clear_entries(cache.root)
-    print(f"{cache.root}: removed {removed} file(s)")
+    try:
+        removed = cache.clear()
+    except CacheError as e:
+        print(f"not clearing {shown(e.path)}: {shown(e.reason)}", file=sys.stderr)
+        return 2
+    print(f"{shown(cache.root)}: removed {removed} file(s)")
     return 0
 
 
@@ -203,9 +227,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     remote_help = "the remote store (redis://host:port/db) instead of a directory"
+
+    def remote_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--remote", metavar="URL", help=remote_help)
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=5.0,
+            metavar="S",
+            help="deadline of each Redis call, seconds (default 5)",
+        )
+
     p = sub.add_parser("ls", help="list artifacts with key factors, sizes, entries and pieces")
     p.add_argument("dir", nargs="?", metavar="DIR")
-    p.add_argument("--remote", metavar="URL", help=remote_help)
+    remote_args(p)
     p.set_defaults(fn=_with_remote(cmd_ls, remote_ls))
     p = sub.add_parser("show", help="print one artifact's stitching code")
     p.add_argument("key", metavar="KEY", help="the key or a unique prefix of it")
@@ -218,14 +253,23 @@ def main(argv: list[str] | None = None) -> int:
         f"${SECRET_ENV}); exit 1 on any problem",
     )
     p.add_argument("dir", nargs="?", metavar="DIR")
-    p.add_argument("--remote", metavar="URL", help=remote_help)
+    remote_args(p)
     p.set_defaults(fn=_with_remote(cmd_verify, remote_verify))
     p = sub.add_parser("clear", help="remove all artifacts, blobs and locks")
     p.add_argument("dir", nargs="?", metavar="DIR")
-    p.add_argument("--remote", metavar="URL", help=remote_help)
+    remote_args(p)
     p.set_defaults(fn=_with_remote(cmd_clear, remote_clear))
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    return int(args.fn(args))
+    for stream in (sys.stdout, sys.stderr):
+        # Whatever the locale's encoding, a name it cannot encode prints escaped.
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+    try:
+        return int(args.fn(args))
+    except ValueError as e:  # a bad DIR or secret: the check names it
+        print(f"cache {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -82,9 +82,15 @@ def ranges_from_endpoints(endpoints: Iterable[int]) -> list[Range]:
     return out
 
 
+def _check_iterable(value: Any, name: str, of: str) -> None:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a list of {of}, got {type(value).__name__} {value!r}")
+
+
 def normalize_ranges(compile_ranges: Iterable[Any]) -> list[Range]:
     """``compile_ranges`` (``Range``s or ``(start, end)`` pairs) sorted; overlaps are a
     ``ValueError``, anything else a ``TypeError``."""
+    _check_iterable(compile_ranges, "compile_ranges", "Range or (start, end) pairs")
     out = []
     for r in compile_ranges:
         if isinstance(r, Range):
@@ -102,6 +108,7 @@ def normalize_ranges(compile_ranges: Iterable[Any]) -> list[Range]:
 
 def normalize_sizes(compile_sizes: Iterable[Any]) -> list[int]:
     """``compile_sizes`` (non-negative ints) sorted, without repeats."""
+    _check_iterable(compile_sizes, "compile_sizes", "ints")
     sizes = set()
     for s in compile_sizes:
         if isinstance(s, bool) or not isinstance(s, int):

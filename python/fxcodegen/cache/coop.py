@@ -10,8 +10,10 @@ with a remote store, ``SET claim:<entry key> NX PX`` in Redis (expires unless re
 dead claimer's claim lapses). The claimer compiles the entry, stores it (blob, reference,
 remote copy) and releases the claim; an entry claimed by another process is skipped and
 picked up on a later pass once stored. Passes repeat every :data:`POLL_S` until every entry
-is in hand. Nothing waits forever: when no entry has arrived for :data:`WAIT_S` seconds, the
-process compiles the rest itself (a WARNING says so).
+is in hand. Nothing waits forever: a :class:`Coop` (one per backend, so one per cold start)
+waits at most :data:`WAIT_S` seconds in all, over all its graphs, for entries other
+processes hold; then it compiles them itself (a WARNING says so). While it waits it says
+which entry it waits for and which process holds it (a WARNING after :data:`WARN_S`).
 
 A graph artifact found in the remote store but not in the cache directory is copied into it
 first (:meth:`Coop.fill`), so a replica with an empty disk warm-starts from Redis alone; an
@@ -34,6 +36,7 @@ import filelock
 
 from fxcodegen.cache import tidy, trust
 from fxcodegen.cache.format import (
+    ENTRIES_DIR,
     FORMAT_VERSION,
     KEY_RE,
     CacheError,
@@ -44,6 +47,7 @@ from fxcodegen.cache.format import (
     read_trusted,
     sha256,
 )
+from fxcodegen.cache.options import check_seconds
 from fxcodegen.cache.remote import Claim, RemoteStore
 from fxcodegen.cache.store import Cache, LockUnavailable
 
@@ -51,6 +55,7 @@ __all__ = [
     "ENTRIES_DIR",
     "POLL_S",
     "WAIT_S",
+    "WARN_S",
     "Coop",
     "Work",
     "clear_entries",
@@ -60,11 +65,13 @@ __all__ = [
 
 log = logging.getLogger("fxcodegen")
 
-ENTRIES_DIR = "entries"
 POLL_S = 0.25
 """How often a process looks again for the entries other processes are compiling."""
 WAIT_S = 900.0
-"""How long a process waits without any entry arriving before it compiles the rest itself."""
+"""How long a cold start waits in all (over every graph) for entries other processes hold
+before it compiles them itself (``backend(claim_wait=...)``)."""
+WARN_S = 30.0
+"""How long one wait lasts before a WARNING names the entry and the process holding it."""
 
 
 def _count(name: str, n: int = 1) -> None:
@@ -150,11 +157,16 @@ class Coop:
         *,
         wait_s: float | None = None,
         poll_s: float | None = None,
+        warn_s: float | None = None,
     ) -> None:
         self.cache = cache
         self.remote = remote
-        self.wait_s = WAIT_S if wait_s is None else wait_s
+        self.wait_s = check_seconds(wait_s, "claim_wait", default=WAIT_S, upper=None)
         self.poll_s = POLL_S if poll_s is None else poll_s
+        self.warn_s = min(WARN_S, self.wait_s / 4) if warn_s is None else warn_s
+        self.waited = 0.0
+        """Seconds this cold start has waited for other processes' entries, all graphs."""
+        self._gave_up = 0
         self._entries_ok: bool | None = None
         self.read_only = False
         """Set when an entry's lock cannot be taken at all (a read-only cache, warned once
@@ -234,7 +246,8 @@ class Coop:
         self._keep_local(key, digest, data)
         r = self.remote
         if r is not None and r.down is None:
-            if r.missing("blob", [digest]) and not r.put("blob", digest, data):
+            # Also rewrites a damaged copy: its name, a content hash, does not change.
+            if r.stale("blob", {digest: data}) and not r.put("blob", digest, data):
                 return
             if r.put("entry", key, digest.encode()):
                 _count("remote_stored")
@@ -267,9 +280,11 @@ class Coop:
         others: dict[str, bytes] = {}
         mine: set[str] = set()
         todo = list(work)
-        t_start = last_progress = time.monotonic()
-        waited = 0.0
+        t_start = time.monotonic()
+        waited = 0.0  # in this gather
+        say_at = self.warn_s
         while todo:
+            t_pass = time.monotonic()
             progressed = False
             for w in list(todo):
                 data = self.get_entry(w.key)
@@ -287,25 +302,18 @@ class Coop:
                     others[w.key] = data
                 todo.remove(w)
                 progressed = True
-            if not todo:
+            if not todo or progressed:
+                continue
+            if self.waited >= self.wait_s:
+                self._give_up(todo, mine)
                 break
-            now = time.monotonic()
-            if progressed:
-                last_progress = now
-            elif now - last_progress > self.wait_s:
-                log.warning(
-                    "fxcodegen cache: %d piece-entries claimed by other processes did not "
-                    "arrive within %.0fs; compiling them here",
-                    len(todo),
-                    self.wait_s,
-                )
-                for w in todo:
-                    self.put_entry(w.key, w.compile())
-                    mine.add(w.key)
-                break
-            else:
-                waited += self.poll_s
-                time.sleep(self.poll_s)
+            if waited >= say_at:
+                self._say_who(todo, waited, again=say_at > self.warn_s)
+                say_at += self.warn_s
+            time.sleep(max(0.0, min(self.poll_s, self.wait_s - self.waited)))
+            pause = time.monotonic() - t_pass
+            self.waited += pause
+            waited += pause
         if work:
             log.info(
                 "fxcodegen cache: cooperative compile: %d piece-entries compiled here, %d "
@@ -316,6 +324,37 @@ class Coop:
                 waited,
             )
         return others, mine
+
+    def _say_who(self, todo: list[Work], waited: float, *, again: bool) -> None:
+        """Which entry this process waits for and who holds it (a frozen claimer is
+        otherwise silent): a WARNING, then INFO every ``warn_s``."""
+        w = todo[0]
+        log.log(
+            logging.INFO if again else logging.WARNING,
+            "fxcodegen cache: waited %.0fs for %s (entry %s, claimed by %s%s); %d entries "
+            "pending; compiling them here after %.0fs more",
+            waited,
+            w.label,
+            w.key[:16],
+            tidy.waiting_on(self.cache.lock_path(w.key)),
+            "" if self.remote is None else " or a remote process",
+            len(todo),
+            max(0.0, self.wait_s - self.waited),
+        )
+
+    def _give_up(self, todo: list[Work], mine: set[str]) -> None:
+        """Compile here what other processes hold: the cold start's wait is spent."""
+        self._gave_up += 1
+        log.log(
+            logging.WARNING if self._gave_up == 1 else logging.INFO,
+            "fxcodegen cache: %d piece-entries claimed by other processes did not arrive "
+            "within %.0fs (claim_wait, for the whole cold start); compiling them here",
+            len(todo),
+            self.wait_s,
+        )
+        for w in todo:
+            self.put_entry(w.key, w.compile())
+            mine.add(w.key)
 
     # the graph artifact and the remote store
     def fill(self, key: str) -> bool:
@@ -359,12 +398,12 @@ class Coop:
         return True
 
     def publish(self, key: str, *, force: bool = False) -> bool:
-        """Copy the local artifact ``key`` and its missing blobs to the remote store (the
-        artifact itself only when absent there, or with ``force``); True when written."""
+        """Copy the local artifact ``key`` and its blobs to the remote store wherever the
+        stored copy is not exactly this one (absent, damaged or forged; compared by digest,
+        nothing downloaded). The blobs are checked when the artifact was not intact, or
+        always with ``force`` (after a compile). True when anything was written."""
         r = self.remote
         if r is None or r.down is not None:
-            return False
-        if not force and not r.missing("art", [key]):
             return False
         path = self.cache.artifact_path(key)
         try:
@@ -375,19 +414,35 @@ class Coop:
             )
         except (OSError, CacheError, KeyError, TypeError, AttributeError):
             return False
-        for digest in r.missing("blob", digests):
-            data = self._local_blob(digest)
-            if data is None or not r.put("blob", digest, data):
-                return False
-        if not r.put("art", key, raw):
+        art_stale = bool(r.stale("art", {key: raw}))
+        if not (art_stale or force):
             return False
-        _count("remote_stored")
-        return True
+        blobs = {}
+        for digest in digests:
+            data = self._local_blob(digest)
+            if data is None:
+                return False
+            blobs[digest] = data
+        wrote = False
+        for digest in r.stale("blob", blobs):
+            if not r.put("blob", digest, blobs[digest]):
+                return False
+            wrote = True
+        if art_stale:
+            if not r.put("art", key, raw):
+                return False
+            _count("remote_stored")
+            wrote = True
+        return wrote
 
 
-def open_coop(cache: Cache | None, remote: RemoteStore | None) -> Coop | None:
+def open_coop(
+    cache: Cache | None, remote: RemoteStore | None, *, wait_s: float | None = None
+) -> Coop | None:
     """The :class:`Coop` of a backend's cache, or None without a local cache (a remote
-    store alone is not used: WARNING)."""
+    store alone is not used: WARNING). ``wait_s``: the ``claim_wait`` option, checked
+    whether or not there is a cache."""
+    check_seconds(wait_s, "claim_wait", default=WAIT_S, upper=None)
     if cache is None:
         if remote is not None:
             log.warning(
@@ -396,17 +451,16 @@ def open_coop(cache: Cache | None, remote: RemoteStore | None) -> Coop | None:
                 remote,
             )
         return None
-    return Coop(cache, remote)
+    return Coop(cache, remote, wait_s=wait_s)
 
 
 def clear_entries(root: str | os.PathLike[str]) -> int:
-    """Remove the entry references of a cache directory (``cache clear``); the count."""
+    """Remove the entry references of a cache directory; the count. Only regular files
+    named by an entry key (``cache clear`` removes these too, see :func:`tidy.clear`)."""
     d = Path(root) / ENTRIES_DIR
     if not tidy.real_dir(d):
         return 0
-    removed = 0
-    for p in d.iterdir():
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-            removed += 1
-    return removed
+    names = [n for n in sorted(os.listdir(d)) if KEY_RE.fullmatch(n)]
+    return len(
+        tidy.unlink([d / n for n in names if (d / n).is_file() and not (d / n).is_symlink()])
+    )

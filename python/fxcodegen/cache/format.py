@@ -34,12 +34,14 @@ __all__ = [
     "BLOBS_DIR",
     "BLOB_MAGIC",
     "DEFAULT_FN_NAME",
+    "ENTRIES_DIR",
     "FACTORS_SUFFIX",
     "FORMAT_VERSION",
     "HEADER",
     "KEY_RE",
     "LOCKS_DIR",
     "MAGIC",
+    "MARKER",
     "READABLE_VERSIONS",
     "Artifact",
     "CacheError",
@@ -78,6 +80,9 @@ ARTIFACT_SUFFIX = ".fxc"
 FACTORS_SUFFIX = ".factors.json"
 BLOBS_DIR = "blobs"
 LOCKS_DIR = "locks"
+ENTRIES_DIR = "entries"
+MARKER = "fxcodegen-cache.json"
+"""The file that makes a directory an fxcodegen cache (``cache clear`` refuses others)."""
 DEFAULT_FN_NAME = "execution_fn"
 
 KEY_RE = re.compile(r"^[0-9a-f]{64}$")

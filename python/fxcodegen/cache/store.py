@@ -48,6 +48,7 @@ from fxcodegen.cache.format import (
     read_trusted,
 )
 from fxcodegen.cache.keys import explain_difference
+from fxcodegen.cache.options import check_cache_dir
 
 __all__ = [
     "ENV_VAR",
@@ -65,10 +66,11 @@ ENV_VAR = "FXCODEGEN_CACHE_DIR"
 
 def resolve_cache_dir(cache_dir: str | os.PathLike[str] | bool | None) -> Path | None:
     """``None`` -> ``$FXCODEGEN_CACHE_DIR``, else ``~/.cache/fxcodegen``; ``False`` -> disabled
-    (``None``); a path -> that path."""
+    (``None``); a path -> that path (:func:`~fxcodegen.cache.options.check_cache_dir`)."""
+    cache_dir = check_cache_dir(cache_dir)
     if cache_dir is False:
         return None
-    if cache_dir is None or cache_dir is True:
+    if cache_dir is None:
         env = os.environ.get(ENV_VAR)
         if env:
             return Path(env).expanduser()
@@ -178,8 +180,7 @@ class Cache:
             return False
         if not self._temps_swept:
             self._temps_swept = True
-            with contextlib.suppress(OSError):
-                tidy.stale_temps(self.root, remove=True)
+            tidy.first_use(self.root)  # marks it a cache, removes stale temporary files
         return True
 
     # locking
@@ -579,21 +580,10 @@ class Cache:
         return problems
 
     def clear(self) -> int:
-        """Remove every artifact, factors file, blob, lock and temporary file; return how
-        many files were removed. The directory itself stays; ``blobs/`` or ``locks/`` that
-        is a symbolic link is not followed."""
-        removed = 0
-        patterns = [f"*{ARTIFACT_SUFFIX}", f"*{FACTORS_SUFFIX}", f"{tidy.TMP_PREFIX}*"]
-        files = [p for pat in patterns for p in self.root.glob(pat)]
-        for sub in (BLOBS_DIR, LOCKS_DIR):
-            d = self.root / sub
-            if tidy.real_dir(d):
-                files += list(d.iterdir())
-        for p in files:
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
-                removed += 1
-        return removed
+        """Remove every artifact, factors file, blob, lock, entry reference and temporary
+        file (:func:`tidy.clear`: only the cache's own names, only in a marked, trusted
+        cache directory; else :class:`CacheError`); the count."""
+        return tidy.clear(self.root)
 
 
 def _check_key(key: str) -> None:

@@ -11,18 +11,35 @@ A blob no artifact references, or a factors file without its artifact, may belon
 store in flight (blobs and factors are written before the artifact that references them),
 so it is an **orphan** only once it is older than :data:`ORPHAN_GRACE_S`; a store that
 reuses an existing blob refreshes its time.
+
+A directory is a cache when it holds the marker file (``format.MARKER``), written at its
+first use. :func:`clear` removes only what the cache itself creates, and only from a
+marked directory that passes the checks loading does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import stat
 import tempfile
 import time
 from pathlib import Path
 
-from fxcodegen.cache.format import ARTIFACT_SUFFIX, BLOBS_DIR, FACTORS_SUFFIX, KEY_RE
+from fxcodegen.cache import trust
+from fxcodegen.cache.format import (
+    ARTIFACT_SUFFIX,
+    BLOBS_DIR,
+    ENTRIES_DIR,
+    FACTORS_SUFFIX,
+    FORMAT_VERSION,
+    KEY_RE,
+    LOCKS_DIR,
+    MARKER,
+    CacheError,
+)
 
 try:
     import fcntl
@@ -34,11 +51,16 @@ __all__ = [
     "TEMP_GRACE_S",
     "TMP_PREFIX",
     "atomic_write",
+    "clear",
+    "first_use",
+    "lock_holder",
     "is_old",
+    "marker_problem",
     "orphans",
     "real_dir",
     "stale_temps",
     "unlink",
+    "waiting_on",
 ]
 
 TMP_PREFIX = ".tmp-"
@@ -47,6 +69,9 @@ TEMP_GRACE_S = 60.0
 ORPHAN_GRACE_S = 3600.0
 """An unreferenced blob or a factors file without its artifact younger than this may belong
 to a store in flight; older, it is an orphan."""
+
+_TEMP_RE = re.compile(re.escape(TMP_PREFIX) + "[a-z0-9_]{8}")
+"""The names ``tempfile.mkstemp`` gives: another ``.tmp-*`` file is not a writer's."""
 
 _SWEEP_OPEN_FLAGS = (
     os.O_RDWR
@@ -151,7 +176,7 @@ def _temp_files(directory: Path) -> list[Path]:
         names = os.listdir(directory)
     except OSError:
         return []
-    return [directory / n for n in sorted(names) if n.startswith(TMP_PREFIX)]
+    return [directory / n for n in sorted(names) if _TEMP_RE.fullmatch(n)]
 
 
 def stale_temps(root: Path, *, remove: bool = False) -> list[Path]:
@@ -187,3 +212,109 @@ def orphans(root: Path, referenced: set[str] | None) -> list[Path]:
             if KEY_RE.match(name) and name not in referenced and _old_orphan(blob_dir / name):
                 out.append(blob_dir / name)
     return out
+
+
+# The names a cache creates, per directory: nothing else is ever removed by `clear`.
+_HEX = "[0-9a-f]{64}"
+_TEMP = _TEMP_RE.pattern
+_OWN_NAMES = {
+    ".": re.compile(f"{_HEX}({re.escape(ARTIFACT_SUFFIX)}|{re.escape(FACTORS_SUFFIX)})|{_TEMP}"),
+    BLOBS_DIR: re.compile(f"{_HEX}|{_TEMP}"),
+    LOCKS_DIR: re.compile(f"{_HEX}\\.lock"),
+    ENTRIES_DIR: re.compile(f"{_HEX}|{_TEMP}"),
+}
+
+
+def first_use(root: Path) -> None:
+    """What a process does the first time it uses a trusted cache directory: mark it as a
+    cache (when unmarked) and remove stale temporary files. Never raises (a read-only
+    cache is still used)."""
+    with contextlib.suppress(OSError):
+        if not os.path.lexists(root / MARKER):
+            doc = {"fxcodegen": "cache", "format": FORMAT_VERSION}
+            atomic_write(root / MARKER, (json.dumps(doc) + "\n").encode())
+    with contextlib.suppress(OSError):
+        stale_temps(root, remove=True)
+
+
+def marker_problem(root: Path) -> str | None:
+    """Why ``root`` is not a marked cache directory, or None when it is."""
+    try:
+        raw, _ = trust.read_file(root / MARKER, max_bytes=4096)
+        doc = json.loads(raw)
+    except FileNotFoundError:
+        return f"{root} is not an fxcodegen cache (no {MARKER})"
+    except (OSError, ValueError) as e:
+        return f"{root / MARKER} is not usable ({getattr(e, 'strerror', None) or e})"
+    if not isinstance(doc, dict) or doc.get("fxcodegen") != "cache":
+        return f"{root / MARKER} is not an fxcodegen cache marker"
+    return None
+
+
+def _own_files(root: Path) -> list[Path]:
+    """The regular files of the cache's own names in ``root`` and its subdirectories;
+    raises CacheError when a subdirectory is not trusted."""
+    out = []
+    for sub, pattern in _OWN_NAMES.items():
+        d = root if sub == "." else root / sub
+        if sub != ".":  # the cache directory itself is checked by the caller
+            if not os.path.lexists(d):
+                continue
+            why = trust.directory_problem(d)
+            if why:
+                raise CacheError(d, why)
+        for name in sorted(os.listdir(d)):
+            with contextlib.suppress(OSError):
+                if pattern.fullmatch(name) and stat.S_ISREG(os.lstat(d / name).st_mode):
+                    out.append(d / name)
+    return out
+
+
+def clear(root: Path) -> int:
+    """Remove every artifact, factors file, blob, lock, entry reference and temporary file
+    of the cache directory ``root``: only names the cache creates, only regular files; the
+    count. Raises :class:`CacheError` when ``root`` is not a marked cache directory or fails
+    the checks loading applies (another user's link, writable by others, a linked
+    ``blobs/``)."""
+    try:
+        why = trust.directory_problem(root, link_ok=True) or marker_problem(root)
+        if why:
+            raise CacheError(root, why)
+        return len(unlink(_own_files(root)))
+    except OSError as e:
+        raise CacheError(root, f"cannot be cleared ({e.strerror or e})") from None
+
+
+def lock_holder(path: Path) -> int | None:
+    """The pid that holds a ``flock`` on ``path``, read from ``/proc/locks`` (Linux), or
+    None when unknown."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    same_inode = None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 6 or parts[1] != "FLOCK" or not parts[4].isdigit():
+            continue  # "->" lines are waiters, not holders
+        if parts[5] == dev:
+            return int(parts[4])
+        if parts[5].rsplit(":", 1)[-1] == str(st.st_ino):
+            same_inode = int(parts[4])  # e.g. overlayfs reports the lower device
+    return same_inode
+
+
+def waiting_on(path: Path) -> str:
+    """Who holds the lock file ``path``, for a log line: ``"pid 123 (stopped)"``."""
+    pid = lock_holder(path)
+    if pid is None:
+        return "a process this one cannot identify"
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        state = ""
+    return f"pid {pid}" + (" (stopped)" if state in ("T", "t") else "")
