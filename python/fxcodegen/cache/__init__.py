@@ -4,7 +4,10 @@
 - :mod:`~fxcodegen.cache.keys`: the key's factors, the key, how two keys' factors differ;
 - :mod:`~fxcodegen.cache.trust`: the checks on every file and directory the cache reads;
 - :mod:`~fxcodegen.cache.tidy`: atomic writes, and removing what dead or failed writers left;
-- :mod:`~fxcodegen.cache.store`: the cache directory, its locks, ``get_or_create``.
+- :mod:`~fxcodegen.cache.store`: the cache directory, its locks, ``get_or_create``;
+- :mod:`~fxcodegen.cache.options`: the checks on the backend's cache options;
+- :mod:`~fxcodegen.cache.work`, :mod:`~fxcodegen.cache.coop`: cooperative compile;
+- :mod:`~fxcodegen.cache.remote`: the signed store on Redis.
 
 The backend-facing methods of :class:`Cache` (``load``, ``store``, ``get_or_create``) never
 raise because of the cache: they log a warning on the ``fxcodegen`` logger and treat the
