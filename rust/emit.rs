@@ -155,6 +155,33 @@ pub fn size_bound(p: &Program, layout: &Layout) -> u64 {
     total
 }
 
+/// About the length of a graph's statements, from its node list (renames and literals make
+/// it differ a little).
+fn size_hint(p: &Program, nodes: &[Node]) -> usize {
+    let arg = |a: &Arg| arg_hint(p, *a, nodes);
+    let hint = |n: &Node| {
+        let target = match n.target {
+            Target::Param(s) | Target::Name(s) | Target::Method(s) => s.len as usize,
+            _ => 12,
+        };
+        let args: usize = p.slice(n.all_args()).iter().map(arg).sum();
+        16 + 3 * n.name.len as usize + target + args
+    };
+    nodes.iter().map(hint).sum()
+}
+
+fn arg_hint(p: &Program, a: Arg, nodes: &[Node]) -> usize {
+    2 + match a {
+        Arg::Node(i) => nodes.get(i as usize).map_or(8, |n| n.name.len as usize),
+        Arg::Str(k) | Arg::BigInt(k) => 2 + p.span(k).len as usize,
+        Arg::Tuple(k) | Arg::List(k) | Arg::Dict(k) => {
+            let items = p.items(k).iter();
+            2 + items.map(|&a| arg_hint(p, a, nodes)).sum::<usize>()
+        }
+        _ => 8,
+    }
+}
+
 fn longest_name(p: &Program, layout: &Layout) -> u64 {
     let longest = p.graphs.iter().flat_map(|g| &g.nodes).map(|n| n.name.len);
     // Renaming adds at most a `v` or `_` and a suffix.
@@ -261,9 +288,8 @@ impl<'a> Emitter<'a> {
         let nodes = &p.graphs[gi].nodes;
         let names = names::assign(p, nodes, &self.reserved);
         let live = liveness::compute(p, nodes);
-        // Room for the function's source, made once its names are known (their table is gone).
-        self.out
-            .reserve(64 + 48 * nodes.len() + p.text.len() / p.graphs.len());
+        // Room for the function's source, made once: growing it would copy the source so far.
+        self.out.reserve(64 + size_hint(p, nodes));
         self.p("def ");
         match inline {
             Some(_) => self.p_inline_name(gi as u32),

@@ -2,20 +2,178 @@
 //! objects besides the function list in `lib.rs`. Nodes are matched by identity; constants go
 //! to a pool, interned by identity (and `torch.device`s by value).
 
+use std::ffi::c_int;
+use std::mem::size_of;
+
 use pyo3::exceptions::PyTypeError;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+use pyo3::{ffi, intern};
 use rustc_hash::FxHashMap;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::error::{Error, Reason};
 use crate::ir::{Arg, Graph, Node, Op, Program, Span, Submod, SubmodKind, Target};
 use crate::ir::{MAX_DEPTH, MAX_KWARGS};
 use crate::pyident;
 
+/// The node fields the reader takes, in [`Slots::offsets`] order.
+const FIELDS: [&str; 7] = [
+    "op", "name", "target", "_args", "_kwargs", "_next", "_erased",
+];
+const OP: usize = 0;
+const NAME: usize = 1;
+const TARGET: usize = 2;
+const ARGS: usize = 3;
+const KWARGS: usize = 4;
+const NEXT: usize = 5;
+const ERASED: usize = 6;
+
+/// Where `torch.fx.Node` keeps [`FIELDS`]: the byte offsets that the member descriptors of its
+/// C base `torch._C._NodeBase` publish. Reading a slot there is what the descriptor does for
+/// `getattr`, without the generic attribute lookup, which costs more than the rest of reading
+/// a node.
+struct Slots {
+    base: Py<PyType>,
+    offsets: [isize; 7],
+    /// The descriptors, which `Node` must still resolve [`FIELDS`] to when a pass starts.
+    descrs: Vec<Py<PyAny>>,
+}
+
+impl Slots {
+    /// The slots, or None where `node` or its base is not laid out as expected.
+    fn load(py: Python<'_>, node: &Bound<'_, PyType>) -> PyResult<Option<Slots>> {
+        let base = py.import("torch._C")?.getattr("_NodeBase").ok();
+        let Some(base) = base.and_then(|b| b.cast_into::<PyType>().ok()) else {
+            return Ok(None);
+        };
+        // SAFETY: `base` is a live type object.
+        let basicsize = unsafe { (*base.as_type_ptr()).tp_basicsize };
+        let dict = base.getattr("__dict__")?;
+        let mut offsets = [0; 7];
+        let mut descrs = Vec::new();
+        for (k, name) in FIELDS.into_iter().enumerate() {
+            let Ok(d) = dict.get_item(name) else {
+                return Ok(None);
+            };
+            let (code, size) = match k {
+                ERASED => (ffi::Py_T_BOOL, 1),
+                _ => (
+                    ffi::Py_T_OBJECT_EX,
+                    size_of::<*mut ffi::PyObject>() as isize,
+                ),
+            };
+            match member_offset(&base, &d, code) {
+                Some(at)
+                    if at >= size_of::<ffi::PyObject>() as isize
+                        && at + size <= basicsize
+                        && at % size == 0 =>
+                {
+                    offsets[k] = at
+                }
+                _ => return Ok(None),
+            }
+            descrs.push(d.unbind());
+        }
+        let slots = Slots {
+            base: base.unbind(),
+            offsets,
+            descrs,
+        };
+        Ok(slots.valid(node).then_some(slots))
+    }
+
+    /// Whether instances of `node` still read [`FIELDS`] through these descriptors, by the
+    /// generic attribute lookup, and are laid out as `_NodeBase` first (a subclass): what makes
+    /// a slot read the same as `getattr`, and in bounds.
+    fn valid(&self, node: &Bound<'_, PyType>) -> bool {
+        // SAFETY: `node` is a live type object.
+        let getattro = unsafe { (*node.as_type_ptr()).tp_getattro };
+        // An extern function's address: compared as a number (a miss only costs the fast path).
+        getattro.map(|f| f as *const () as usize)
+            == Some(ffi::PyObject_GenericGetAttr as *const () as usize)
+            && node.is_subclass(self.base.bind(node.py())).unwrap_or(false)
+            && FIELDS
+                .into_iter()
+                .zip(&self.descrs)
+                .all(|(name, d)| node.getattr(name).is_ok_and(|v| v.is(d)))
+    }
+}
+
+/// The byte offset that `d`, a member descriptor of `base`, publishes, if its C type is `code`
+/// and it reads without an audit hook or a relative offset.
+fn member_offset(base: &Bound<'_, PyType>, d: &Bound<'_, PyAny>, code: c_int) -> Option<isize> {
+    let member_type = std::ptr::addr_of_mut!(ffi::PyMemberDescr_Type);
+    if d.get_type_ptr() != member_type {
+        return None;
+    }
+    // SAFETY: `d` is exactly a member_descriptor, so a live PyMemberDescrObject, whose
+    // `d_member` (checked non-NULL) points at the PyMemberDef of the type that made it.
+    let m = unsafe {
+        let d = &*d.as_ptr().cast::<ffi::PyMemberDescrObject>();
+        if d.d_common.d_type != base.as_type_ptr() || d.d_member.is_null() {
+            return None;
+        }
+        &*d.d_member
+    };
+    (m.type_code == code && m.flags & !ffi::Py_READONLY == 0).then_some(m.offset)
+}
+
+/// Reads [`FIELDS`] of nodes: from their slots for nodes of exactly `torch.fx.Node` while
+/// [`Slots::valid`] held when the pass started, else by `getattr`.
+#[derive(Clone, Copy)]
+struct Fields {
+    node_type: *mut ffi::PyTypeObject,
+    slots: Option<&'static Slots>,
+}
+
+impl Fields {
+    fn get<'py>(&self, node: &Bound<'py, PyAny>, k: usize) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(v) = self.slot(node, k) {
+            return Ok(v);
+        }
+        // A slot left empty (`getattr` raises) and other node types.
+        node.getattr(FIELDS[k])
+    }
+
+    fn slot<'py>(&self, node: &Bound<'py, PyAny>, k: usize) -> Option<Bound<'py, PyAny>> {
+        let slots = self.slots?;
+        if k == ERASED || node.get_type_ptr() != self.node_type {
+            return None;
+        }
+        // SAFETY: `node` is live and exactly a `torch.fx.Node`, a subclass of `_NodeBase`
+        // (`Slots::valid`), so it starts with `_NodeBase`'s layout, where `Slots::load`
+        // checked that offset `k` lies, aligned, in an object member (a pointer or NULL). The
+        // pointer is borrowed from `node`, which is held, and made a new reference before any
+        // Python code can run.
+        unsafe {
+            let at = node.as_ptr().cast::<u8>().offset(slots.offsets[k]);
+            Bound::from_borrowed_ptr_or_opt(node.py(), at.cast::<*mut ffi::PyObject>().read())
+        }
+    }
+
+    /// Whether `node` is erased (fx leaves an erased node linked while it changes a graph).
+    fn erased(&self, node: &Bound<'_, PyAny>) -> PyResult<bool> {
+        match self.slots {
+            Some(slots) if node.get_type_ptr() == self.node_type => {
+                // SAFETY: as in `slot`, for the `bool` member `_erased` (a C `char`).
+                let at = unsafe { node.as_ptr().cast::<u8>().offset(slots.offsets[ERASED]) };
+                // SAFETY: `at` is in bounds (above) and any byte value is valid.
+                Ok(unsafe { at.read() } != 0)
+            }
+            _ => node.getattr(FIELDS[ERASED])?.is_truthy(),
+        }
+    }
+}
+
 /// The torch.fx types and objects the reader compares against, loaded once per process.
 struct Types {
+    slots: Option<Slots>,
+    /// The op strings, interned: fx's own op strings are these objects.
+    ops: Vec<(Py<PyString>, Op)>,
     node: Py<PyType>,
     ilist: Py<PyType>,
     idict: Py<PyType>,
@@ -38,8 +196,12 @@ impl Types {
                     .cast_into::<PyType>()?
                     .unbind())
             };
+            let node = ty("torch.fx", "Node")?;
+            let ops = Op::ALL.map(|op| (PyString::intern(py, op.as_str()).unbind(), op));
             Ok(Types {
-                node: ty("torch.fx", "Node")?,
+                slots: Slots::load(py, node.bind(py))?,
+                ops: ops.into(),
+                node,
                 ilist: ty("torch.fx.immutable_collections", "immutable_list")?,
                 idict: ty("torch.fx.immutable_collections", "immutable_dict")?,
                 device: ty("torch", "device")?,
@@ -54,6 +216,34 @@ impl Types {
         })
     }
 }
+
+/// Hashes an object's address so that objects allocated near each other land in nearby
+/// buckets: a graph's nodes are allocated in order and mostly looked up soon after they are
+/// read, so an index keyed this way is written and read along a few warm cache lines, where a
+/// mixing hash touches a random line of a table of megabytes for every node. The top seven bits,
+/// which the table compares first, come from higher address bits.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+
+    fn write_usize(&mut self, addr: usize) {
+        let a = addr as u64 >> 4;
+        self.0 = a ^ (a >> 10).wrapping_mul(0x9e37_79b9_7f4a_7c15) & (0x7f << 57);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A table keyed by object address ([`AddrHasher`]).
+type ByAddr<V> = HashMap<usize, V, BuildHasherDefault<AddrHasher>>;
 
 /// The constant pool being built: slots in order of first appearance.
 pub struct Pool<'py> {
@@ -149,6 +339,7 @@ fn hash(s: &str) -> u64 {
 enum Nodes<'py> {
     Iter(Bound<'py, pyo3::types::PyIterator>),
     Links {
+        fields: Fields,
         node_type: Bound<'py, PyType>,
         root: Bound<'py, PyAny>,
         /// The node returned last (the root before the first).
@@ -162,25 +353,29 @@ impl<'py> Iterator for Nodes<'py> {
     type Item = PyResult<Bound<'py, PyAny>>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let (node_type, root, at, left) = match self {
+        let (fields, node_type, root, at, left) = match self {
             Nodes::Iter(it) => return it.next(),
             Nodes::Links {
+                fields,
                 node_type,
                 root,
                 at,
                 left,
-            } => (node_type, root, at, left),
+            } => (*fields, node_type, root, at, left),
         };
-        let py = root.py();
         loop {
-            let next = match at.getattr(intern!(py, "_next")) {
+            let next = match fields.get(at, NEXT) {
                 Ok(next) => next,
                 Err(e) => return Some(Err(e)),
             };
             if next.is(&*root) {
                 return None;
             }
-            let node = match next.is_instance(node_type) {
+            let is_node = match next.get_type_ptr() == fields.node_type {
+                true => Ok(true),
+                false => next.is_instance(node_type),
+            };
+            let node = match is_node {
                 Ok(true) if *left > 0 => next,
                 Ok(_) => return Some(Err(Error::Invalid(Reason::BrokenNodeList).into())),
                 Err(e) => return Some(Err(e)),
@@ -188,10 +383,7 @@ impl<'py> Iterator for Nodes<'py> {
             *left -= 1;
             *at = node.clone();
             // A node erased while still linked (as while fx changes a graph) is skipped.
-            match node
-                .getattr(intern!(py, "_erased"))
-                .and_then(|e| e.is_truthy())
-            {
+            match fields.erased(&node) {
                 Ok(false) => return Some(Ok(node)),
                 Ok(true) => continue,
                 Err(e) => return Some(Err(e)),
@@ -204,13 +396,14 @@ impl<'py> Iterator for Nodes<'py> {
 struct Ctx<'a, 'py> {
     node: &'a Bound<'py, PyAny>,
     /// Node object address -> index in its graph (the graph holds the nodes meanwhile).
-    index: &'a FxHashMap<usize, u32>,
+    index: &'a ByAddr<u32>,
 }
 
 /// Walks graph modules into a [`Program`].
 pub struct Reader<'py> {
     py: Python<'py>,
     t: &'static Types,
+    fields: Fields,
     resolver: Bound<'py, PyAny>,
     pub prog: Program,
     pub pool: Pool<'py>,
@@ -235,9 +428,16 @@ pub struct Reader<'py> {
 
 impl<'py> Reader<'py> {
     pub fn new(py: Python<'py>, resolver: Bound<'py, PyAny>, pool: Pool<'py>) -> PyResult<Self> {
+        let t = Types::get(py)?;
+        let node_type = t.node.bind(py);
+        let slots = t.slots.as_ref().filter(|s| s.valid(node_type));
         Ok(Reader {
             py,
-            t: Types::get(py)?,
+            t,
+            fields: Fields {
+                node_type: node_type.as_type_ptr(),
+                slots,
+            },
             resolver,
             prog: Program::default(),
             pool,
@@ -279,11 +479,17 @@ impl<'py> Reader<'py> {
         let modules = gm.getattr(intern!(py, "_modules")).ok();
         let modules = modules.and_then(|d| d.cast_into::<PyDict>().ok());
         let mut nodes: Vec<Node> = Vec::with_capacity(n);
-        let mut index: FxHashMap<usize, u32> = FxHashMap::default();
+        let mut index: ByAddr<u32> = ByAddr::default();
         index.reserve(n);
-        self.prog.args.reserve(4 * n);
-        self.prog.text.reserve(16 * n);
+        // Room for typical nodes, so the arenas seldom grow (a copy into fresh memory); room
+        // never written costs no memory.
+        self.prog.args.reserve(8 * n);
+        self.prog.text.reserve(24 * n);
+        self.prog.spans.reserve(n);
+        self.prog.numbers.reserve(n);
         self.submods.reserve(n / 2);
+        self.prog.submods.reserve(n / 2);
+        self.submod_names.reserve(n / 2);
         for node in list {
             let node = &node?;
             let ctx = Ctx {
@@ -291,14 +497,23 @@ impl<'py> Reader<'py> {
                 index: &index,
             };
             // The fields first, then their contents: their loads overlap.
-            let op_obj = node.getattr(intern!(py, "op"))?;
-            let name_obj = node.getattr(intern!(py, "name"))?;
-            let target_obj = node.getattr(intern!(py, "target"))?;
-            let args_obj = node.getattr(intern!(py, "_args"))?;
-            let kwargs_obj = node.getattr(intern!(py, "_kwargs"))?;
-            let op = match op_obj.cast::<PyString>().map(|s| s.to_str()) {
-                Ok(Ok(s)) => Op::ALL.into_iter().find(|op| op.as_str() == s),
-                _ => None,
+            let f = self.fields;
+            let op_obj = f.get(node, OP)?;
+            let name_obj = f.get(node, NAME)?;
+            let target_obj = f.get(node, TARGET)?;
+            let args_obj = f.get(node, ARGS)?;
+            let kwargs_obj = f.get(node, KWARGS)?;
+            let op = match self
+                .t
+                .ops
+                .iter()
+                .find(|(s, _)| s.as_ptr() == op_obj.as_ptr())
+            {
+                Some(&(_, op)) => Some(op),
+                None => match op_obj.cast::<PyString>().map(|s| s.to_str()) {
+                    Ok(Ok(s)) => Op::ALL.into_iter().find(|op| op.as_str() == s),
+                    _ => None,
+                },
             };
             let op = op.ok_or_else(|| {
                 let text = op_obj.str().map_or_else(|_| "?".into(), |s| s.to_string());
@@ -370,6 +585,7 @@ impl<'py> Reader<'py> {
         }
         let root = graph.getattr(intern!(py, "_root"))?;
         let walk = Nodes::Links {
+            fields: self.fields,
             node_type: self.t.node.bind(py).clone(),
             at: root.clone(),
             root,
@@ -430,13 +646,20 @@ impl<'py> Reader<'py> {
                     "" => std::borrow::Cow::Borrowed(local),
                     _ => std::borrow::Cow::Owned(format!("{prefix}{local}")),
                 };
-                let h = hash(&qual);
-                if let Some(i) = self.find_submod(h, &qual) {
-                    return Ok(Target::Submod(i));
+                let i = self.prog.submods.len() as u32;
+                // One probe finds a submodule met before or claims the name's hash for `i`.
+                let known = match self.submods.entry(hash(&qual)) {
+                    Entry::Occupied(e) => Some(*e.get()),
+                    Entry::Vacant(e) => {
+                        e.insert(i);
+                        None
+                    }
+                };
+                if let Some(k) = known.and_then(|k| self.find_submod(k, &qual)) {
+                    return Ok(Target::Submod(k));
                 }
                 let child = child(gm, modules, &t, local)
                     .ok_or_else(|| node_error(node, Reason::MissingChild(local.into())))?;
-                let i = self.prog.submods.len() as u32;
                 // Split graphs name a call after its child: share the node's text then.
                 let span = match self.prog.str(name) == qual {
                     true => name,
@@ -453,7 +676,6 @@ impl<'py> Reader<'py> {
                     let g = self.inline(&child, &qual, depth)?;
                     self.prog.submods[i as usize].kind = SubmodKind::Inline(g);
                 }
-                self.submods.entry(h).or_insert(i);
                 Target::Submod(i)
             }
             Op::CallFunction => {
@@ -494,12 +716,13 @@ impl<'py> Reader<'py> {
         Ok(known)
     }
 
-    fn find_submod(&self, h: u64, qual: &str) -> Option<u32> {
+    /// The submodule named `qual`, whose name's hash is that of submodule `i`'s: `i`, or on a
+    /// collision of two names' hashes, a search.
+    fn find_submod(&self, i: u32, qual: &str) -> Option<u32> {
         let p = &self.prog;
-        match self.submods.get(&h) {
-            Some(&i) if p.submod_name(i) == qual => Some(i),
-            Some(_) => (0..p.submods.len() as u32).find(|&i| p.submod_name(i) == qual),
-            None => None,
+        match p.submod_name(i) == qual {
+            true => Some(i),
+            false => (0..p.submods.len() as u32).find(|&i| p.submod_name(i) == qual),
         }
     }
 
@@ -609,7 +832,7 @@ impl<'py> Reader<'py> {
     /// One loose value (vLLM's `_node_ref`): nodes are named by their own names.
     pub fn loose_arg(&mut self, a: &Bound<'py, PyAny>) -> PyResult<Arg> {
         self.loose = Some(Vec::new());
-        let index = FxHashMap::default();
+        let index = ByAddr::default();
         let ctx = Ctx {
             node: a,
             index: &index,

@@ -1406,6 +1406,48 @@ def test_node_subclass_reads_like_a_node() -> None:
     assert fn(torch.tensor(1.0))[0].item() == 5.0
 
 
+class _RenamingNode(fx.Node):
+    """A Node subclass that overrides a field: its nodes must be read through getattr."""
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "renamed_" + fx.Node.name.__get__(self)
+
+    @name.setter
+    def name(self, value: str) -> None:
+        fx.Node.name.__set__(self, value)
+
+
+def test_node_subclass_overriding_a_field_is_read_through_it() -> None:
+    gm = _chain_gm()
+    for node in gm.graph.nodes:
+        node.__class__ = _RenamingNode
+    code = fxcodegen.generate(gm).code
+    assert "renamed_add = " in code and "def execution_fn(renamed_x)" in code
+
+
+def test_a_field_patched_on_node_is_read_through_the_patch() -> None:
+    # Fields are read from their slots only while fx.Node still resolves them to its C
+    # members; a pass that starts after a patch reads through it.
+    fxcodegen.generate(_chain_gm())
+    member = fx.Node.name
+    fx.Node.name = property(lambda n: "p_" + member.__get__(n))  # type: ignore[assignment]
+    try:
+        assert "p_add = " in fxcodegen.generate(_chain_gm()).code
+    finally:
+        del fx.Node.name
+    assert fx.Node.name is member
+    assert "p_add" not in fxcodegen.generate(_chain_gm()).code
+
+
+def test_an_emptied_node_slot_raises_as_getattr_does() -> None:
+    gm = _chain_gm()
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    fx.Node.target.__delete__(node)
+    with pytest.raises(AttributeError, match="target"):
+        fxcodegen.generate(gm)
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [

@@ -1,0 +1,124 @@
+"""A graph rebuilt from the artifact cache without its trace.
+
+A warm :func:`fxcodegen.compile` has no Dynamo graph to split: the stored program names
+each graph's cache key, and this module rebuilds the graph's stitching function from the
+artifact alone. Each compiled piece becomes a :class:`StoredPiece`, which loads its
+entries' Inductor artifacts (each distinct artifact once) and dispatches on the size the
+traced piece dispatched on; the stitching code object is bound to them as on any cache hit.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fxcodegen.cache import Artifact, PieceRecord
+from fxcodegen.entries import Entry, load_inductor_artifact, wrap_inductor
+from fxcodegen.piecewise import counters
+from fxcodegen.ranges import OutOfRangeError, Range
+from fxcodegen.records import GraphRecord, timing_first_run
+
+__all__ = ["StoredPiece", "bind_stored_graph"]
+
+log = logging.getLogger("fxcodegen")
+
+
+class StoredPiece:
+    """One piece rebuilt from its :class:`~fxcodegen.cache.PieceRecord`: a call picks the
+    entry by the size at the recorded argument (and dimension), as the traced piece did.
+
+    ``load(data)`` turns an entry's bytes into its callable."""
+
+    def __init__(self, rec: PieceRecord, load: Callable[[bytes], Callable[..., Any]]) -> None:
+        self.name = rec.name
+        entries = {Entry.from_label(label): load(data) for label, data in rec.entries.items()}
+        self.index = rec.sym_shape_indices[0] if rec.sym_shape_indices else None
+        # Stored by this fxcodegen; an artifact without it cannot be dispatched untraced.
+        self.dim = rec.extra["dispatch_dim"]
+        self._single: Callable[..., Any] | None = None
+        self._exact: dict[int, Callable[..., Any]] = {}
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._fns: list[Callable[..., Any]] = []
+        if self.index is None:
+            if len(entries) != 1:
+                raise ValueError(f"{rec.name}: {len(entries)} entries and no dispatch argument")
+            self._single = next(iter(entries.values()))
+            return
+        for entry in sorted(entries):
+            fn = entries[entry]
+            if entry.kind == "size":
+                self._exact[entry.start] = fn
+            elif entry.kind == "range":
+                self._starts.append(entry.start)
+                self._ends.append(entry.end)
+                self._fns.append(fn)
+            else:
+                raise ValueError(f"{rec.name}: a static entry beside dispatched ones")
+
+    def __call__(self, *args: Any) -> Any:
+        if self._single is not None:
+            return self._single(*args)
+        size = args[self.index]  # type: ignore[index]
+        if self.dim is not None:
+            size = size.size(self.dim)
+        fn = self._exact.get(size)
+        if fn is None:
+            i = bisect.bisect_right(self._starts, size) - 1
+            if i < 0 or size > self._ends[i]:
+                ranges = ", ".join(
+                    str(Range(s, e)) for s, e in zip(self._starts, self._ends, strict=True)
+                )
+                raise OutOfRangeError(
+                    f"{self.name}: size {size!r} is in no compiled range and is no compiled "
+                    f"size; ranges: {ranges or 'none'}; sizes: "
+                    f"{', '.join(map(str, sorted(self._exact))) or 'none'}"
+                )
+            fn = self._fns[i]
+        return fn(*args)
+
+
+def bind_stored_graph(art: Artifact, index: int) -> tuple[Callable[..., Any], GraphRecord]:
+    """The stitching function of the stored graph ``art`` (loaded by the caller from the
+    cache, checked) and its record (index ``index``). Raises on anything unusable."""
+    t0 = time.perf_counter()
+    record = GraphRecord(index, t0, bool(art.extra.get("symbolic", True)))
+    loaded: dict[str, Callable[..., Any]] = {}
+    returns: dict[str, bool] = {}
+
+    def load(data: bytes) -> Callable[..., Any]:
+        digest = hashlib.sha256(data).hexdigest()
+        key = f"{digest}:{returns['tuple']}"
+        if key not in loaded:
+            loaded[key] = wrap_inductor(load_inductor_artifact(data), returns["tuple"])
+            counters["artifact_loaded"] += 1
+        return loaded[key]
+
+    pieces: dict[str, StoredPiece] = {}
+    for rec in art.pieces:
+        returns["tuple"] = rec.returns_tuple
+        pieces[rec.name] = StoredPiece(rec, load)
+    record.load_s = record.compile_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    fn = art.execution_fn(pieces)
+    record.codegen_s = time.perf_counter() - t1
+    record.num_pieces = int(art.extra.get("num_pieces", len(art.pieces)))
+    record.num_splitting = int(art.extra.get("num_splitting", 0))
+    record.num_entries = art.num_entries
+    record.loaded = len(loaded)
+    record.reused = art.num_entries - len(loaded)
+    record.cache, record.cache_key = "hit", art.key
+    record.code = art.code
+    record.obtained = "loaded without a trace"
+    log.info(
+        "graph %d: loaded without a trace: %d piece-entries (%d artifacts) in %.2fs",
+        index,
+        record.num_entries,
+        len(loaded),
+        record.load_s,
+    )
+    return timing_first_run(fn, record), record
