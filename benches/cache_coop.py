@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from _redis_server import RedisServer  # noqa: E402
 from _toy_children import add_model_args, child_config, child_env, finish, start  # noqa: E402
 
-SECRET = "bench-secret"
+SECRET = "bench-secret-for-the-cooperative-cold-start"
 
 
 def _together(tmp: Path, runs: list[tuple[dict[str, Any], Path]]) -> list[dict[str, Any]]:
