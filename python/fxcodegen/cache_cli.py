@@ -100,7 +100,7 @@ def remote_ls(args: argparse.Namespace) -> int:
             f"{n}={_factor_text(n, factors[n])}" for n in _FACTORS_SHOWN if n in factors
         )
         print(
-            f"{key[:16]}  {_human(len(value)):>10}  pieces={len(meta['pieces'])} "
+            f"{shown(key[:16])}  {_human(len(value)):>10}  pieces={len(meta['pieces'])} "
             f"entries={entries}  {shown_factors}"
             + ("" if store.secret else "  (signature not checked)")
         )
@@ -145,10 +145,10 @@ def _with_remote(local: Any, remote: Any) -> Any:
 def cmd_ls(args: argparse.Namespace) -> int:
     cache = _cache(args)
     if not cache.root.is_dir():
-        print(f"{cache.root}: no cache directory")
+        print(f"{shown(cache.root)}: no cache directory")
         return 0
     keys = cache.keys()
-    print(f"{cache.root}: {len(keys)} artifact(s)")
+    print(f"{shown(cache.root)}: {len(keys)} artifact(s)")
     total = 0
     for key in keys:
         info = cache.info(key)
@@ -177,12 +177,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     try:
         key = cache.find(args.key)
     except KeyError as e:
-        print(f"{cache.root}: {e.args[0]}", file=sys.stderr)
+        print(f"{shown(cache.root)}: {e.args[0]}", file=sys.stderr)
         return 1
     try:
         meta = cache.read_meta(key)
     except CacheError as e:
-        print(f"{e.path}: {e.reason}", file=sys.stderr)
+        print(f"{shown(e.path)}: {shown(e.reason)}", file=sys.stderr)
         return 1
     if args.factors:
         print(json.dumps(meta.get("factors"), indent=2, sort_keys=True))
@@ -194,7 +194,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     cache = _cache(args)
     if not cache.root.is_dir():
-        print(f"{cache.root}: no cache directory")
+        print(f"{shown(cache.root)}: no cache directory")
         return 0
     problems = cache.verify()
     keys = cache.keys()
@@ -208,7 +208,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_clear(args: argparse.Namespace) -> int:
     cache = _cache(args)
     if not cache.root.is_dir():
-        print(f"{cache.root}: no cache directory")
+        print(f"{shown(cache.root)}: no cache directory")
         return 0
     try:
         removed = cache.clear()
