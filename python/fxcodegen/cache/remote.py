@@ -29,7 +29,6 @@ The caller goes on with the local cache.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import logging
 import os
 import secrets
@@ -46,6 +45,7 @@ from fxcodegen.cache.options import (
     check_url,
     redacted,
 )
+from fxcodegen.cache.signing import fingerprint, sign, unsign
 
 __all__ = [
     "BUDGET_FACTOR",
@@ -70,8 +70,6 @@ log = logging.getLogger("fxcodegen")
 URL_ENV = "FXCODEGEN_REMOTE_CACHE"
 SECRET_ENV = "FXCODEGEN_CACHE_SECRET"
 PREFIX = "fxcg:v2:"
-SIG_MAGIC = b"FXCGSIG1"
-_SIG_LEN = 32
 DEFAULT_TIMEOUT_S = 2.0
 """Default deadline of every Redis operation (connecting included), start to end."""
 BUDGET_FACTOR = 15
@@ -111,29 +109,6 @@ class RemoteError(Exception):
 
 class RemoteTimeout(RemoteError):
     """A Redis call not finished within its deadline, or past the process's budget."""
-
-
-def sign(secret: bytes, name: str, payload: bytes) -> bytes:
-    """The signed value stored under the Redis key ``name``."""
-    mac = hmac.new(secret, name.encode() + b"\x00" + payload, hashlib.sha256).digest()
-    return SIG_MAGIC + mac + payload
-
-
-def unsign(secret: bytes, name: str, value: bytes) -> bytes | None:
-    """The payload of a signed value, or None when it is not signed under ``secret`` for
-    the key ``name`` (truncated, altered, moved from another key, or foreign)."""
-    head = len(SIG_MAGIC) + _SIG_LEN
-    if not isinstance(value, bytes) or len(value) < head or not value.startswith(SIG_MAGIC):
-        return None
-    payload = value[head:]
-    mac = hmac.new(secret, name.encode() + b"\x00" + payload, hashlib.sha256).digest()
-    return payload if hmac.compare_digest(mac, value[len(SIG_MAGIC) : head]) else None
-
-
-def fingerprint(secret: bytes) -> str:
-    """The namespace of a secret's objects: 16 hex digits of an HMAC under it (the secret
-    cannot be recovered from it)."""
-    return hmac.new(secret, b"fxcodegen remote namespace", hashlib.sha256).hexdigest()[:16]
 
 
 def _redis_module() -> Any:
