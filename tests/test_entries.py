@@ -332,7 +332,7 @@ def test_bounds_reach_inductor_and_never_dynamo() -> None:
         assert all(s == {(9, 64)} for s in passes["range:9-64"].seen)
         assert all(s == set() for s in passes["size:12"].seen)
         # Dynamo's own symbol keeps its range: nothing the compiles did reached it
-        sym = rec.dispatch_symbol
+        sym = rec.dispatch_symbol.symbol
         env = next(iter(rec.pieces.values())).graph
         dyn_env = next(
             d.node.shape_env

@@ -86,8 +86,9 @@ class Backend:
             line per piece-entry. Default: ``FXCODEGEN_PROGRESS`` (``1`` on, ``0`` off; any
             other non-empty value is a ``ValueError``), else when stderr is a terminal.
         range_dim: ``(argument name, dimension)`` of the size the ranges and sizes apply
-            to, e.g. ``("input_ids", 1)``; default: the last symbolic dimension of the first
-            tensor input (the tokens). Other symbolic sizes stay dynamic in every entry.
+            to, e.g. ``("input_ids", 1)``; default: the tokens of the first tensor argument.
+            No other size is dispatched on; they stay dynamic in every entry. A graph where
+            it is static (a decode step) gets the one entry covering that size.
         remote_cache: ``redis://host:port/db`` of a fleet-wide artifact store behind the
             local cache (default ``$FXCODEGEN_REMOTE_CACHE``; needs ``redis``), also used to
             split a cold compile between replicas (``docs/cache.md``).
@@ -211,7 +212,9 @@ class Backend:
             )
             raise TensorifyScalarRestartAnalysis
 
-        record.dispatch_symbol = dispatch_symbol(gm, self.range_dim)
+        record.dispatch_symbol = dispatch_symbol(
+            gm, self.range_dim, self.compile_ranges, self.compile_sizes
+        )
         t0 = time.perf_counter()
         split_gm, items = split_graph(gm, self.splitting, graph_name=f"graph {record.index}")
         record.split_s = time.perf_counter() - t0

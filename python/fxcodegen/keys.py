@@ -31,7 +31,7 @@ __all__ = [
     "structural_key_stable",
 ]
 
-KEY_VERSION = 2
+KEY_VERSION = 3
 """Bumped whenever the key layout changes, so old cache entries are never matched."""
 
 

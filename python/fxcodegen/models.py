@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ARCHITECTURES", "SDPA", "tiny_model"]
+__all__ = ["ARCHITECTURES", "CAUSAL_LM", "SDPA", "tiny_model"]
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 """The splitting op that cuts these models at attention (``attn_implementation="sdpa"``)."""
@@ -65,15 +65,34 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 
 
-def tiny_model(name: str, num_layers: int = 2, seed: int = 0) -> torch.nn.Module:
+# The same decoders with their language-model head, for ``generate``.
+CAUSAL_LM = {
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "opt": "OPTForCausalLM",
+}
+
+
+def tiny_model(
+    name: str, num_layers: int = 2, seed: int = 0, *, causal_lm: bool = False
+) -> torch.nn.Module:
     """A tiny ``name`` model (see :data:`ARCHITECTURES`) in eval mode, attention through
     ``torch.nn.functional.scaled_dot_product_attention``, random weights from ``seed``.
 
     Call it as ``model(input_ids=ids)`` with ``ids`` of shape ``(batch, tokens)`` and values
-    below 128; ``.last_hidden_state`` is the output.
+    below 128; ``.last_hidden_state`` is the output. With ``causal_lm=True`` it is the
+    decoder with its language-model head (:data:`CAUSAL_LM`): ``.logits`` is the output and
+    ``model.generate(ids)`` works.
     """
     if name not in ARCHITECTURES:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(ARCHITECTURES)}")
+    if causal_lm and name not in CAUSAL_LM:
+        raise ValueError(f"{name} has no causal-LM head here; choose one of {', '.join(CAUSAL_LM)}")
     try:
         import transformers
     except ImportError as e:  # pragma: no cover - a dev dependency
@@ -84,5 +103,5 @@ def tiny_model(name: str, num_layers: int = 2, seed: int = 0) -> torch.nn.Module
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = getattr(transformers, model_cls)(config)
+        model = getattr(transformers, CAUSAL_LM[name] if causal_lm else model_cls)(config)
     return model.eval()

@@ -2,10 +2,11 @@
 
 A piece with symbolic inputs gets one *entry* per compile range (compiled with dynamic
 shapes, the dispatch size bounded to the range) and one per single compile size (that size
-baked in); a piece that does not depend on the dispatch size has a single entry. All
-entries are compiled in the constructor (:func:`fxcodegen.entries.compile_entry`); a call
-picks the entry by the runtime value of the dispatch size (exact size first, then the range
-holding it, by bisection).
+baked in); a piece that does not depend on the dispatch size has a single entry, and so
+does a piece of a graph where it is static (the entry covering its value). All entries are
+compiled in the constructor (:func:`fxcodegen.entries.compile_entry`); a call picks the
+entry by the runtime value of the dispatch size (exact size first, then the range holding
+it, by bisection).
 
 Identical compiles happen once: every entry has a sharing key (:func:`compile_key`: the
 piece's :func:`structural_key`, what the compiler is told about the dispatch size, the
@@ -51,7 +52,8 @@ from fxcodegen.entries import (
     wrap_inductor,
 )
 from fxcodegen.keys import compile_key, entry_key, structural_key
-from fxcodegen.ranges import Range, normalize_ranges, normalize_sizes
+from fxcodegen.ranges import ALL_SIZES, OutOfRangeError, Range, normalize_ranges, normalize_sizes
+from fxcodegen.traced import RangeDim, static_entry
 
 __all__ = [
     "COMPILERS",
@@ -78,13 +80,6 @@ by another entry of the same piece that the compiler is given the same for),
 generated). Reset with ``counters.clear()``."""
 
 COMPILERS = ("inductor", "eager")
-
-ALL_SIZES = Range(0, 2**63 - 1)
-"""The default compile range: every size."""
-
-
-class OutOfRangeError(ValueError):
-    """A runtime size falls in no compiled range and is no compiled size."""
 
 
 def _dispatch_location(
@@ -118,10 +113,18 @@ def plan_entries(
     compile_ranges: Iterable[Any] | None = None,
     compile_sizes: Iterable[int] = (),
     sym_shape_indices: Sequence[int] | None = None,
-    dispatch_symbol: sympy.Symbol | None = None,
+    dispatch_symbol: sympy.Symbol | RangeDim | None = None,
 ) -> tuple[list[Entry], list[int], int | None, sympy.Symbol | None]:
     """What a :class:`PiecewiseBackend` of ``graph`` will hold, without compiling:
     ``(entries, sym_shape_indices, dispatch dim, dispatch symbol)``."""
+    if isinstance(dispatch_symbol, RangeDim):
+        if dispatch_symbol.symbol is None:
+            # Static in this graph (or absent): one entry, nothing read at call time; the
+            # other symbolic sizes stay dynamic in it.
+            if dispatch_symbol.size is None:
+                return [Entry("static")], [], None, None
+            return [static_entry(dispatch_symbol, compile_ranges, compile_sizes)], [], None, None
+        dispatch_symbol = dispatch_symbol.symbol
     examples = fake_args(graph)
     dim: int | None = None
     if sym_shape_indices is None:
@@ -202,7 +205,9 @@ class PiecewiseBackend(torch.nn.Module):
             ``sym_shape_indices`` is ``None``): dispatch reads the SymInt argument equal to
             it, else the tensor argument dimension of that size. A piece that does not
             depend on it has a single entry; its other symbolic sizes stay dynamic in every
-            entry. Default: the symbol of the first ``sym_shape_indices`` argument.
+            entry. Default: the symbol of the first ``sym_shape_indices`` argument. A
+            :class:`~fxcodegen.traced.RangeDim` also names the size in errors; when it is
+            static in the graph, the piece has the one entry covering it.
         compiler: ``"inductor"`` (``torch._inductor.standalone_compile``), ``"eager"``
             (runs the graph as is), or a callable ``compiler(graph, entry, example_args)``
             returning the entry's callable (example args: the inputs Inductor would get,
@@ -235,7 +240,7 @@ class PiecewiseBackend(torch.nn.Module):
         compile_missing: bool = True,
         inductor_config: Mapping[str, Any] | Callable[[Entry], Mapping[str, Any]] | None = None,
         on_entry: Callable[[Entry, str], None] | None = None,
-        dispatch_symbol: sympy.Symbol | None = None,
+        dispatch_symbol: sympy.Symbol | RangeDim | None = None,
         before_entry: Callable[[Entry], None] | None = None,
     ) -> None:
         super().__init__()
@@ -263,6 +268,12 @@ class PiecewiseBackend(torch.nn.Module):
             dispatch_symbol=dispatch_symbol,
         )
         self.sym_shape_indices = indices
+        self._dispatch_arg = (
+            f"{dispatch_symbol.arg}, dim {dispatch_symbol.dim}"
+            if isinstance(dispatch_symbol, RangeDim)
+            else f"argument {indices[0] if indices else -1}"
+            + ("" if self._dispatch_dim is None else f", dim {self._dispatch_dim}")
+        )
         self.dispatch_symbol = symbol
         self.entries: list[Entry] = entries
         self.struct_key = structural_key(graph)
@@ -351,7 +362,7 @@ class PiecewiseBackend(torch.nn.Module):
         self._range_fns: list[Callable[..., Any]] = []
         for entry in entries:
             fn = self._compiled[entry].fn
-            if entry.kind == "static":
+            if not self.sym_shape_indices:  # one entry, whatever its kind: no dispatch
                 # object.__setattr__: an eager entry is a GraphModule, which nn.Module would
                 # register as a child and serve through its slow __getattr__.
                 object.__setattr__(self, "_single", fn)
@@ -378,10 +389,8 @@ class PiecewiseBackend(torch.nn.Module):
         ranges = ", ".join(str(Range(s, e)) for s, e in zip(self._starts, self._ends, strict=True))
         sizes = ", ".join(map(str, sorted(self._exact))) or "none"
         return OutOfRangeError(
-            f"{self.piece_name}: size {size!r} (argument {self._dispatch_index}"
-            + ("" if self._dispatch_dim is None else f", dim {self._dispatch_dim}")
-            + ") is in no "
-            f"compiled range and is no compiled size; ranges: {ranges or 'none'}; sizes: {sizes}"
+            f"{self.piece_name}: size {size!r} ({self._dispatch_arg}) is in no compiled range "
+            f"and is no compiled size; ranges: {ranges or 'none'}; sizes: {sizes}"
         )
 
     def forward(self, *args: Any) -> Any:

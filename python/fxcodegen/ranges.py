@@ -11,7 +11,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Range", "normalize_ranges", "normalize_sizes", "ranges_from_endpoints"]
+__all__ = [
+    "ALL_SIZES",
+    "OutOfRangeError",
+    "Range",
+    "normalize_ranges",
+    "normalize_sizes",
+    "ranges_from_endpoints",
+]
 
 
 def _as_int(value: object, what: str) -> int:
@@ -61,6 +68,14 @@ class Range:
 
     def __repr__(self) -> str:
         return f"Range({self.start}, {self.end})"
+
+
+ALL_SIZES = Range(0, 2**63 - 1)
+"""The default compile range: every size."""
+
+
+class OutOfRangeError(ValueError):
+    """A size of the range dimension falls in no compile range and is no compile size."""
 
 
 def ranges_from_endpoints(endpoints: Iterable[int]) -> list[Range]:

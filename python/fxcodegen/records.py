@@ -78,7 +78,8 @@ class GraphRecord:
     key_s: float = 0.0
     """Seconds spent computing the cache key."""
     dispatch_symbol: Any = None
-    """The symbol the compile ranges apply to (``None``: the graph has no symbolic size)."""
+    """The size the compile ranges apply to (:class:`fxcodegen.traced.RangeDim`: the
+    argument and dimension, and its symbol or, where it is static, its value)."""
     split_gm: torch.fx.GraphModule | None = None
     items: list[SplitItem] = field(default_factory=list)
     pieces: dict[str, PiecewiseBackend] = field(default_factory=dict)
