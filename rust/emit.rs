@@ -155,31 +155,19 @@ pub fn size_bound(p: &Program, layout: &Layout) -> u64 {
     total
 }
 
-/// About the length of a graph's statements, from its node list (renames and literals make
-/// it differ a little).
+/// About the length of a graph's statements, from its nodes alone (a pass over their
+/// arguments would cost as much as writing them): more than most graphs need, and room
+/// never written costs no memory.
 fn size_hint(p: &Program, nodes: &[Node]) -> usize {
-    let arg = |a: &Arg| arg_hint(p, *a, nodes);
     let hint = |n: &Node| {
         let target = match n.target {
             Target::Param(s) | Target::Name(s) | Target::Method(s) => s.len as usize,
             _ => 12,
         };
-        let args: usize = p.slice(n.all_args()).iter().map(arg).sum();
-        16 + 3 * n.name.len as usize + target + args
+        24 + 3 * n.name.len as usize + target + 10 * n.all_args().len as usize
     };
-    nodes.iter().map(hint).sum()
-}
-
-fn arg_hint(p: &Program, a: Arg, nodes: &[Node]) -> usize {
-    2 + match a {
-        Arg::Node(i) => nodes.get(i as usize).map_or(8, |n| n.name.len as usize),
-        Arg::Str(k) | Arg::BigInt(k) => 2 + p.span(k).len as usize,
-        Arg::Tuple(k) | Arg::List(k) | Arg::Dict(k) => {
-            let items = p.items(k).iter();
-            2 + items.map(|&a| arg_hint(p, a, nodes)).sum::<usize>()
-        }
-        _ => 8,
-    }
+    let hint: usize = nodes.iter().map(hint).sum();
+    hint + p.text.len() / p.graphs.len()
 }
 
 fn longest_name(p: &Program, layout: &Layout) -> u64 {

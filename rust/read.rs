@@ -144,14 +144,39 @@ impl Fields {
         if k == ERASED || node.get_type_ptr() != self.node_type {
             return None;
         }
-        // SAFETY: `node` is live and exactly a `torch.fx.Node`, a subclass of `_NodeBase`
-        // (`Slots::valid`), so it starts with `_NodeBase`'s layout, where `Slots::load`
-        // checked that offset `k` lies, aligned, in an object member (a pointer or NULL). The
-        // pointer is borrowed from `node`, which is held, and made a new reference before any
-        // Python code can run.
+        // SAFETY: `node` is live and exactly a `torch.fx.Node`, and `k` names an object
+        // member. The pointer is borrowed from `node`, which is held, and made a new reference
+        // before any Python code can run.
         unsafe {
-            let at = node.as_ptr().cast::<u8>().offset(slots.offsets[k]);
-            Bound::from_borrowed_ptr_or_opt(node.py(), at.cast::<*mut ffi::PyObject>().read())
+            let p = slot_ptr(node.as_ptr(), slots.offsets[k]);
+            Bound::from_borrowed_ptr_or_opt(node.py(), p)
+        }
+    }
+
+    /// Asks the CPU to load what reading the next nodes touches: the fields of the node after
+    /// `node`, and the node after that one. Nodes and their fields lie scattered in memory,
+    /// and a walk that loads each only when it reads it waits for them one by one.
+    fn prefetch_after(&self, node: &Bound<'_, PyAny>) {
+        let Some(slots) = self.slots else { return };
+        if node.get_type_ptr() != self.node_type {
+            return;
+        }
+        // SAFETY: `node` is live and exactly a `torch.fx.Node`; `_next` is an object member.
+        let next = unsafe { slot_ptr(node.as_ptr(), slots.offsets[NEXT]) };
+        // SAFETY: `next`, when not NULL, is live: `node`, which is held, references it, and no
+        // Python code runs here. Its type is read from its header.
+        if next.is_null() || unsafe { ffi::Py_TYPE(next) } != self.node_type {
+            return;
+        }
+        for k in [NAME, TARGET, ARGS, KWARGS] {
+            // SAFETY: `next` is live (above) and exactly a `torch.fx.Node`; the pointer read is
+            // only a hint's address, never followed.
+            prefetch(unsafe { slot_ptr(next, slots.offsets[k]) });
+        }
+        // SAFETY: as above, for the `_next` member.
+        let after = unsafe { slot_ptr(next, slots.offsets[NEXT]) };
+        for line in 0..4 {
+            prefetch(after.wrapping_byte_add(64 * line));
         }
     }
 
@@ -167,6 +192,33 @@ impl Fields {
             _ => node.getattr(FIELDS[ERASED])?.is_truthy(),
         }
     }
+}
+
+/// The pointer in the object member at `offset` of `obj`.
+///
+/// # Safety
+/// `obj` must be a live `torch.fx.Node` of exactly that type, with [`Slots::valid`], and
+/// `offset` one of [`Slots::offsets`] other than `_erased`'s: then `obj` starts with
+/// `_NodeBase`'s layout, where [`Slots::load`] checked that `offset` lies, aligned, in an
+/// object member (a pointer or NULL).
+unsafe fn slot_ptr(obj: *mut ffi::PyObject, offset: isize) -> *mut ffi::PyObject {
+    obj.cast::<u8>()
+        .offset(offset)
+        .cast::<*mut ffi::PyObject>()
+        .read()
+}
+
+/// A hint to load the cache line at `p` soon.
+#[inline(always)]
+fn prefetch(p: *const ffi::PyObject) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch changes no memory and never faults, whatever the address; SSE, which
+    // provides it, is part of every x86_64 CPU.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// The torch.fx types and objects the reader compares against, loaded once per process.
@@ -384,7 +436,10 @@ impl<'py> Iterator for Nodes<'py> {
             *at = node.clone();
             // A node erased while still linked (as while fx changes a graph) is skipped.
             match fields.erased(&node) {
-                Ok(false) => return Some(Ok(node)),
+                Ok(false) => {
+                    fields.prefetch_after(&node);
+                    return Some(Ok(node));
+                }
                 Ok(true) => continue,
                 Err(e) => return Some(Err(e)),
             }
@@ -422,6 +477,8 @@ pub struct Reader<'py> {
     inlined: FxHashMap<usize, (u32, Bound<'py, PyAny>)>,
     /// Per submodule, the str object that spells its name, where the root's node has one.
     pub submod_names: Vec<Option<Bound<'py, PyAny>>>,
+    /// The float object read last and its value (held, so no id is reused meanwhile).
+    last_float: Option<(Bound<'py, PyAny>, Arg)>,
     /// For `_node_ref`: nodes met outside any graph, in order.
     pub loose: Option<Vec<Bound<'py, PyAny>>>,
 }
@@ -447,6 +504,7 @@ impl<'py> Reader<'py> {
             child_types: FxHashMap::default(),
             inlined: FxHashMap::default(),
             submod_names: Vec::new(),
+            last_float: None,
             loose: None,
         })
     }
@@ -751,7 +809,14 @@ impl<'py> Reader<'py> {
             return Ok(Arg::None);
         }
         if let Ok(f) = a.cast_exact::<PyFloat>() {
-            return Ok(self.prog.float(f.value()));
+            // Graphs built in a loop pass one float object over and over (a scale, an eps).
+            match &self.last_float {
+                Some((last, arg)) if last.is(a) => return Ok(*arg),
+                _ => {}
+            }
+            let arg = self.prog.float(f.value());
+            self.last_float = Some((a.clone(), arg));
+            return Ok(arg);
         }
         if a.is_exact_instance_of::<PyInt>() {
             if let Ok(v) = a.extract::<i64>() {
