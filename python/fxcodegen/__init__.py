@@ -17,13 +17,15 @@ from fxcodegen.codegen import (
 )
 from fxcodegen.concrete import concrete_args, fake_args
 from fxcodegen.keys import entry_key, structural_key
-from fxcodegen.piecewise import OutOfRangeError, PiecewiseBackend, counters
-from fxcodegen.ranges import Range, ranges_from_endpoints
+from fxcodegen.piecewise import PiecewiseBackend, counters
+from fxcodegen.program import CompiledModel, compile
+from fxcodegen.ranges import OutOfRangeError, Range, ranges_from_endpoints
 from fxcodegen.split import SplitItem, split_graph
 
 __all__ = [
     "CacheError",
     "CodegenError",
+    "CompiledModel",
     "Generated",
     "OutOfRangeError",
     "PiecewiseBackend",
@@ -32,6 +34,7 @@ __all__ = [
     "__version__",
     "backend",
     "build",
+    "compile",
     "compile_execution_fn",
     "concrete_args",
     "counters",

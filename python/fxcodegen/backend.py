@@ -256,6 +256,7 @@ class Backend:
         record.reused = counters["compile_reused"] - before["compile_reused"]
         record.shared = counters["compile_shared"] - before["compile_shared"]
         record.loaded = counters["artifact_loaded"] - before["artifact_loaded"]
+        record.obtained = "traced and loaded" if record.cache == "hit" else "traced and compiled"
         return timing_first_run(fn, record)
 
     # the cold path ---------------------------------------------------------------------

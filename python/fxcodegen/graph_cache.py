@@ -32,7 +32,7 @@ from fxcodegen.split import SplitItem
 if TYPE_CHECKING:
     from fxcodegen.backend import Backend
 
-__all__ = ["cache_factors", "through_cache"]
+__all__ = ["cache_factors", "global_config_hash", "through_cache"]
 
 log = logging.getLogger("fxcodegen")
 
@@ -40,7 +40,7 @@ log = logging.getLogger("fxcodegen")
 _ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def _global_config_hash() -> str:
+def global_config_hash() -> str:
     """A hash of the global Inductor and functorch configs (what Inductor's own cache keys
     on), so that changing e.g. ``torch._inductor.config.max_autotune`` is a miss."""
     import torch._functorch.config as functorch_config
@@ -80,7 +80,8 @@ def _piece_record(name: str, piece: PiecewiseBackend) -> PieceRecord:
         returns_tuple=piece.returns_tuple,
         compile_ranges=tuple((e.start, e.end) for e in piece.entries if e.kind == "range"),
         compile_sizes=tuple(e.start for e in piece.entries if e.kind == "size"),
-        extra={"struct_key": piece.struct_key},
+        # Where a call's size is read, so a load without a trace can dispatch.
+        extra={"struct_key": piece.struct_key, "dispatch_dim": piece.dispatch_dim},
     )
 
 
@@ -136,7 +137,7 @@ def cache_factors(
             "key_version": KEY_VERSION,
             "pieces": piece_keys,
             "values": values,
-            "inductor_config": _global_config_hash(),
+            "inductor_config": global_config_hash(),
             **({"entry_config": entry_configs} if entry_configs else {}),
             "range_dim": list(be.range_dim) if be.range_dim else None,
             "devices": _device_factors(split_gm),
@@ -189,7 +190,11 @@ def through_cache(
             code=gen.code,
             submod_names=list(gen.submod_names),
             consts=list(gen.consts),
-            extra={"symbolic": record.symbolic},
+            extra={
+                "symbolic": record.symbolic,
+                "num_pieces": record.num_pieces,
+                "num_splitting": record.num_splitting,
+            },
         )
         try:
             art.pieces = [_piece_record(name, p) for name, p in pieces.items()]

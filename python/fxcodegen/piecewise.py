@@ -410,6 +410,12 @@ class PiecewiseBackend(torch.nn.Module):
 
     # cache seam ------------------------------------------------------------------------
     @property
+    def dispatch_dim(self) -> int | None:
+        """The dimension of the ``sym_shape_indices[0]`` tensor argument a call's size is
+        read from (``None``: that argument is the size itself, or nothing is read)."""
+        return self._dispatch_dim
+
+    @property
     def exportable(self) -> bool:
         """Whether :meth:`export_artifacts` can give bytes (Inductor entries only)."""
         return self.compiler == "inductor"

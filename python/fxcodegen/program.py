@@ -300,6 +300,7 @@ class CompiledModel:
             )
             del self.backend.graphs[first:]
             return
+        coop.publish(prog.key)  # when the remote store lacks it
         prog.aot, prog.how, prog.seconds = aot, "loaded", time.perf_counter() - t0
         prog.graphs = self.backend.graphs[first:]
         for record in prog.graphs:
@@ -313,6 +314,7 @@ class CompiledModel:
         art = cache.load(key)
         if art is None:
             raise LookupError(f"its graph {key[:16]} is not in the cache")
+        coop.publish(key)
         fn, record = bind_stored_graph(art, len(self.backend.graphs))
         self.backend.graphs.append(record)
         return fn

@@ -85,11 +85,22 @@ class GraphRecord:
     pieces: dict[str, PiecewiseBackend] = field(default_factory=dict)
     code: str = ""
     """The generated stitching source."""
+    obtained: str = ""
+    """How the graph was obtained: ``"traced and compiled"``, ``"traced and loaded"``
+    (Dynamo traced it, the cache held its pieces) or ``"loaded without a trace"`` (a
+    stored program of :func:`fxcodegen.compile` held it); ``""`` while in progress."""
+    program_key: str = ""
+    """The key of the stored program this graph belongs to (:func:`fxcodegen.compile`)."""
+    program_s: float = 0.0
+    """Seconds loading that program (its bytecode and guards), when it was loaded."""
 
     def timings(self) -> str:
         """The timings as one line of text."""
         kinds = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(self.compile_by_kind.items()))
-        trace = "?" if self.trace_s is None else f"{self.trace_s:.3f}s"
+        if self.obtained == "loaded without a trace":
+            trace = f"none (program loaded in {self.program_s:.3f}s)"
+        else:
+            trace = "?" if self.trace_s is None else f"{self.trace_s:.3f}s"
         first = "not yet" if self.first_run_s is None else f"{self.first_run_s:.3f}s"
         return (
             f"trace {trace}, split {self.split_s:.3f}s, key {self.key_s:.3f}s, "
@@ -106,6 +117,8 @@ class GraphRecord:
             f"{self.num_entries} piece-entries: {self.compiled} compiled, {self.reused} reused, "
             f"{self.shared} shared, {self.loaded} loaded; cache {self.cache}"
             + (f" {self.cache_key[:16]}" if self.cache_key else "")
+            + (f"; {self.obtained}" if self.obtained else "")
+            + (f" (program {self.program_key[:16]})" if self.program_key else "")
             + f"; {self.timings()}"
         )
 
