@@ -277,3 +277,14 @@ def test_a_loaded_program_outside_compile_is_refused() -> None:
 
     with pytest.raises(RuntimeError, match="fxcodegen.compile"):
         StitchedGraph.deserialize_compile_artifacts(b'{"graph": "' + b"0" * 64 + b'"}')
+
+
+def test_the_build_in_the_key_leaves_out_the_demo_and_the_benches() -> None:
+    from fxcodegen.cache.keys import build_files
+
+    files = build_files(PKG_PARENT / "fxcodegen")
+    for shaping in ("piecewise.py", "program.py", "split.py", "cache/format.py"):
+        assert shaping in files
+    assert not [f for f in files if f in ("demo.py", "cli.py", "models.py", "toy.py")]
+    assert not [f for f in files if f.startswith("bench/")]
+    assert any(f.startswith("_core") for f in files)

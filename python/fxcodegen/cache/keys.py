@@ -14,13 +14,21 @@ from typing import Any
 
 from fxcodegen.cache.format import FORMAT_VERSION, canonical, sha256
 
-__all__ = ["compute_key", "explain_difference", "fxcodegen_build", "make_factors"]
+__all__ = ["build_files", "compute_key", "explain_difference", "fxcodegen_build", "make_factors"]
+
+
+_NOT_IN_OUTPUT = frozenset(
+    ["__main__.py", "cli.py", "cache_cli.py", "demo.py", "models.py", "toy.py"]
+)
+"""Modules that cannot change what is compiled or generated (the command line, the demo,
+the model builders; ``bench/`` too): editing them keeps every user's cache."""
 
 
 @functools.lru_cache(maxsize=1)
 def fxcodegen_build() -> tuple[str, str]:
-    """(version, hash of the package's modules and compiled core): a development build
-    that changes what is generated changes the key even when the version does not."""
+    """(version, hash of the package's modules that shape its output and of the compiled
+    core): a development build that changes what is generated changes the key even when
+    the version does not."""
     version = "unknown"
     try:
         from fxcodegen._core import __version__ as version
@@ -33,11 +41,20 @@ def fxcodegen_build() -> tuple[str, str]:
             pass
     h = hashlib.sha256()
     pkg = Path(__file__).resolve().parents[1]
-    for p in sorted([*pkg.rglob("*.py"), *pkg.glob("_core*")]):
-        if p.is_file():
-            h.update(p.relative_to(pkg).as_posix().encode() + b"\0")
-            h.update(p.read_bytes())
+    for rel in build_files(pkg):
+        h.update(rel.encode() + b"\0")
+        h.update((pkg / rel).read_bytes())
     return version, h.hexdigest()
+
+
+def build_files(pkg: Path) -> list[str]:
+    """The files of the package at ``pkg`` that :func:`fxcodegen_build` hashes, relative."""
+    out = []
+    for p in sorted([*pkg.rglob("*.py"), *pkg.glob("_core*")]):
+        rel = p.relative_to(pkg).as_posix()
+        if p.is_file() and not (rel in _NOT_IN_OUTPUT or rel.startswith("bench/")):
+            out.append(rel)
+    return out
 
 
 def _torch_versions() -> dict[str, str]:
