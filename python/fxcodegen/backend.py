@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from fxcodegen import torch_trace
 from fxcodegen.cache import Cache, open_cache
 from fxcodegen.cache.coop import open_coop
 from fxcodegen.cache.options import check_cache_dir
@@ -185,7 +186,8 @@ class Backend:
         record = GraphRecord(len(self.graphs), time.perf_counter(), has_symbols(gm))
         record.trace_s = trace_seconds(record.entered_at)
         try:
-            return self._handle(record, gm)
+            with torch_trace.phase("fxcodegen.backend", graph=record.index):
+                return self._handle(record, gm)
         finally:
             mark_returned()
 
@@ -216,7 +218,8 @@ class Backend:
             gm, self.range_dim, self.compile_ranges, self.compile_sizes
         )
         t0 = time.perf_counter()
-        split_gm, items = split_graph(gm, self.splitting, graph_name=f"graph {record.index}")
+        with torch_trace.phase("fxcodegen.split", graph=record.index):
+            split_gm, items = split_graph(gm, self.splitting, graph_name=f"graph {record.index}")
         record.split_s = time.perf_counter() - t0
         record.split_gm, record.items = split_gm, items
         record.num_pieces = len(items)
@@ -241,9 +244,10 @@ class Backend:
             if fn is None:
                 pieces, gen = self.compile_and_generate(record, split_gm, to_compile)
                 t0 = time.perf_counter()
-                fn = codegen.compile_execution_fn(
-                    gen.code, dict(pieces), gen.submod_names, gen.consts
-                )
+                with torch_trace.phase("fxcodegen.codegen", graph=record.index):
+                    fn = codegen.compile_execution_fn(
+                        gen.code, dict(pieces), gen.submod_names, gen.consts
+                    )
                 record.codegen_s += time.perf_counter() - t0
         except RestartAnalysis:
             # A compiler asked Dynamo to trace again (e.g. to specialise a float): what this
@@ -257,6 +261,7 @@ class Backend:
         record.shared = counters["compile_shared"] - before["compile_shared"]
         record.loaded = counters["artifact_loaded"] - before["artifact_loaded"]
         record.obtained = "traced and loaded" if record.cache == "hit" else "traced and compiled"
+        torch_trace.graph_artifacts(record)
         return timing_first_run(fn, record)
 
     # the cold path ---------------------------------------------------------------------
@@ -303,7 +308,8 @@ class Backend:
         )
 
         t0 = time.perf_counter()
-        gen = codegen.generate(split_gm)
+        with torch_trace.phase("fxcodegen.codegen", graph=record.index):
+            gen = codegen.generate(split_gm)
         counters["codegen"] += 1
         record.codegen_s = time.perf_counter() - t0
         record.code = gen.code

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fxcodegen import torch_trace
 from fxcodegen.cache import Artifact, PieceRecord, compute_key, make_factors
 from fxcodegen.cache.coop import plan
 from fxcodegen.entries import entry_config
@@ -160,8 +161,9 @@ def through_cache(
         return None
     t0 = time.perf_counter()
     try:
-        factors, stable = cache_factors(be, split_gm, to_compile, record.dispatch_symbol)
-        key = compute_key(factors)
+        with torch_trace.phase("fxcodegen.key", graph=record.index):
+            factors, stable = cache_factors(be, split_gm, to_compile, record.dispatch_symbol)
+            key = compute_key(factors)
     except Exception as e:  # noqa: BLE001 - the cache must never break compiling
         log.warning(
             "fxcodegen cache: graph %d not cached: cannot compute its key (%s: %s)",
@@ -231,8 +233,11 @@ def through_cache(
             return fn
     else:
         record.cache = "miss"
+        if torch_trace.enabled():  # reads every stored key's factors: only for a trace
+            record.miss_reason = cache.explain_miss(key, factors)
     t0 = time.perf_counter()
-    fn = art.execution_fn(made["pieces"])
+    with torch_trace.phase("fxcodegen.bind", graph=record.index):
+        fn = art.execution_fn(made["pieces"])
     record.codegen_s += time.perf_counter() - t0
     return fn
 
@@ -337,7 +342,8 @@ def _bind_loaded(
             pieces[it.submod_name] = piece
         compile_s = time.perf_counter() - t0
         t1 = time.perf_counter()
-        fn = art.execution_fn(pieces)  # raises CodegenError for unbound pool slots
+        with torch_trace.phase("fxcodegen.bind", graph=record.index):
+            fn = art.execution_fn(pieces)  # raises CodegenError for unbound pool slots
     except BaseException:
         for name in ("artifact_loaded", "compile_reused", "compile_shared", "compile"):
             counters[name] = snapshot[name]

@@ -36,6 +36,7 @@ from typing import Any
 import sympy
 import torch
 
+from fxcodegen import torch_trace
 from fxcodegen.concrete import fake_args, is_symbolic
 from fxcodegen.entries import (
     Bounds,
@@ -314,7 +315,10 @@ class PiecewiseBackend(torch.nn.Module):
                 counters["compile_reused"] += 1
             elif artifacts is not None and self.entry_keys[entry] in artifacts:
                 data = bytes(artifacts[self.entry_keys[entry]])
-                art = load_inductor_artifact(data)
+                with torch_trace.phase(
+                    "fxcodegen.load_entry", piece=self.piece_name, entry=entry.label
+                ):
+                    art = load_inductor_artifact(data)
                 compiled = Compiled(wrap_inductor(art, sequence), art, data)
                 counters["artifact_loaded"] += 1
                 pool.put(key, compiled)
@@ -325,15 +329,18 @@ class PiecewiseBackend(torch.nn.Module):
                     f"{self.entry_keys[entry]}) and compile_missing=False"
                 )
             else:
-                compiled = compile_entry(
-                    graph,
-                    compiler=compiler,
-                    symbol=symbol,
-                    bounds=self.bounds[entry],
-                    config=self.entry_configs[entry],
-                    entry=entry,
-                    name=self.piece_name,
-                )
+                with torch_trace.phase(
+                    "fxcodegen.compile_entry", piece=self.piece_name, entry=entry.label
+                ):
+                    compiled = compile_entry(
+                        graph,
+                        compiler=compiler,
+                        symbol=symbol,
+                        bounds=self.bounds[entry],
+                        config=self.entry_configs[entry],
+                        entry=entry,
+                        name=self.piece_name,
+                    )
                 counters["compile"] += 1
                 pool.put(key, compiled)
                 how, seconds = "compiled", time.perf_counter() - t0

@@ -35,6 +35,7 @@ from torch._dynamo.aot_compile_types import SerializableCallable
 from torch._dynamo.hooks import Hooks
 from torch._dynamo.utils import dynamo_timed
 
+from fxcodegen import torch_trace
 from fxcodegen.backend import Backend
 from fxcodegen.cache import Artifact, PieceRecord, compute_key
 from fxcodegen.graph_cache import global_config_hash
@@ -267,7 +268,9 @@ class CompiledModel:
         coop.fill(prog.key)
         art = cache.load(prog.key)
         if art is None:
-            log.info("%s; tracing", cache.explain_miss(prog.key, prog.factors))
+            reason = cache.explain_miss(prog.key, prog.factors)
+            torch_trace.program_decision(prog.key, "miss", reason)
+            log.info("%s; tracing", reason)
             return
         first = len(self.backend.graphs)
         token = _graph_loader.set(self._load_graph)
@@ -301,6 +304,7 @@ class CompiledModel:
             del self.backend.graphs[first:]
             return
         coop.publish(prog.key)  # when the remote store lacks it
+        torch_trace.program_decision(prog.key, "hit")
         prog.aot, prog.how, prog.seconds = aot, "loaded", time.perf_counter() - t0
         prog.graphs = self.backend.graphs[first:]
         for record in prog.graphs:
@@ -349,7 +353,8 @@ class CompiledModel:
     def _compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> StitchedGraph:
         """The backend Dynamo's capture calls: fxcodegen's pipeline, then the graph's key."""
         started = time.perf_counter()
-        fn = self.backend(gm, example_inputs)
+        with torch_trace.compile_context(gm):
+            fn = self.backend(gm, example_inputs)
         record = self.backend.graphs[-1]
         prog = self._tracing
         if prog is not None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from fxcodegen import torch_trace
 from fxcodegen.piecewise import Entry, PiecewiseBackend
 from fxcodegen.split import SplitItem
 
@@ -93,6 +94,8 @@ class GraphRecord:
     """The key of the stored program this graph belongs to (:func:`fxcodegen.compile`)."""
     program_s: float = 0.0
     """Seconds loading that program (its bytecode and guards), when it was loaded."""
+    miss_reason: str = ""
+    """On a cache miss under ``TORCH_TRACE``: what differed from the nearest stored key."""
 
     def timings(self) -> str:
         """The timings as one line of text."""
@@ -236,7 +239,8 @@ def timing_first_run(fn: Callable[..., Any], record: GraphRecord) -> Callable[..
         if not pending:
             return fn(*args)
         t0 = time.perf_counter()
-        out = fn(*args)
+        with torch_trace.phase("fxcodegen.first_run", graph=record.index):
+            out = fn(*args)
         record.first_run_s = time.perf_counter() - t0
         pending = False
         log.info("fxcodegen: %s", record.summary())

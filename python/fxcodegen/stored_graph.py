@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fxcodegen import torch_trace
 from fxcodegen.cache import Artifact, PieceRecord
 from fxcodegen.entries import Entry, load_inductor_artifact, wrap_inductor
 from fxcodegen.piecewise import counters
@@ -31,11 +32,13 @@ class StoredPiece:
     """One piece rebuilt from its :class:`~fxcodegen.cache.PieceRecord`: a call picks the
     entry by the size at the recorded argument (and dimension), as the traced piece did.
 
-    ``load(data)`` turns an entry's bytes into its callable."""
+    ``load(label, data)`` turns an entry's bytes into its callable."""
 
-    def __init__(self, rec: PieceRecord, load: Callable[[bytes], Callable[..., Any]]) -> None:
+    def __init__(self, rec: PieceRecord, load: Callable[[str, bytes], Callable[..., Any]]) -> None:
         self.name = rec.name
-        entries = {Entry.from_label(label): load(data) for label, data in rec.entries.items()}
+        entries = {
+            Entry.from_label(label): load(label, data) for label, data in rec.entries.items()
+        }
         self.index = rec.sym_shape_indices[0] if rec.sym_shape_indices else None
         # Stored by this fxcodegen; an artifact without it cannot be dispatched untraced.
         self.dim = rec.extra["dispatch_dim"]
@@ -88,23 +91,27 @@ def bind_stored_graph(art: Artifact, index: int) -> tuple[Callable[..., Any], Gr
     t0 = time.perf_counter()
     record = GraphRecord(index, t0, bool(art.extra.get("symbolic", True)))
     loaded: dict[str, Callable[..., Any]] = {}
-    returns: dict[str, bool] = {}
+    current: dict[str, Any] = {}  # the piece being rebuilt: its name and return kind
+    hows: dict[tuple[str, str], str] = {}
 
-    def load(data: bytes) -> Callable[..., Any]:
+    def load(label: str, data: bytes) -> Callable[..., Any]:
         digest = hashlib.sha256(data).hexdigest()
-        key = f"{digest}:{returns['tuple']}"
+        key = f"{digest}:{current['tuple']}"
+        hows[current["name"], label] = "reused" if key in loaded else "loaded without a trace"
         if key not in loaded:
-            loaded[key] = wrap_inductor(load_inductor_artifact(data), returns["tuple"])
+            with torch_trace.phase("fxcodegen.load_entry", piece=current["name"], entry=label):
+                loaded[key] = wrap_inductor(load_inductor_artifact(data), current["tuple"])
             counters["artifact_loaded"] += 1
         return loaded[key]
 
     pieces: dict[str, StoredPiece] = {}
     for rec in art.pieces:
-        returns["tuple"] = rec.returns_tuple
+        current.update(name=rec.name, tuple=rec.returns_tuple)
         pieces[rec.name] = StoredPiece(rec, load)
     record.load_s = record.compile_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    fn = art.execution_fn(pieces)
+    with torch_trace.phase("fxcodegen.bind", graph=index):
+        fn = art.execution_fn(pieces)
     record.codegen_s = time.perf_counter() - t1
     record.num_pieces = int(art.extra.get("num_pieces", len(art.pieces)))
     record.num_splitting = int(art.extra.get("num_splitting", 0))
@@ -114,6 +121,7 @@ def bind_stored_graph(art: Artifact, index: int) -> tuple[Callable[..., Any], Gr
     record.cache, record.cache_key = "hit", art.key
     record.code = art.code
     record.obtained = "loaded without a trace"
+    torch_trace.stored_plan(record, art, hows)
     log.info(
         "graph %d: loaded without a trace: %d piece-entries (%d artifacts) in %.2fs",
         index,

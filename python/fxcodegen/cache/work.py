@@ -45,6 +45,7 @@ def plan(
     ``struct_keys``: each piece's :func:`~fxcodegen.keys.structural_key`, when known."""
     from fxcodegen.entries import compile_entry
     from fxcodegen.piecewise import entry_specs, plan_entries
+    from fxcodegen.torch_trace import phase
 
     work: dict[str, Work] = {}
     for name, graph in pieces.items():
@@ -68,15 +69,16 @@ def plan(
                 name: str = name,
             ) -> bytes:
                 t0 = time.perf_counter()
-                compiled = compile_entry(
-                    graph,
-                    compiler="inductor",
-                    symbol=symbol,
-                    bounds=spec.bounds,
-                    config=spec.config,
-                    entry=entry,
-                    name=name,
-                )
+                with phase("fxcodegen.compile_entry", piece=name, entry=entry.label):
+                    compiled = compile_entry(
+                        graph,
+                        compiler="inductor",
+                        symbol=symbol,
+                        bounds=spec.bounds,
+                        config=spec.config,
+                        entry=entry,
+                        name=name,
+                    )
                 _count("compile")
                 compiled.claimed, compiled.seconds = False, time.perf_counter() - t0
                 pool.put(spec.compile_key, compiled)
