@@ -6,7 +6,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.15.0
-DEV_DEPS := "$(TORCH)" "transformers==5.23.*" "maturin>=1.9.4,<2" pytest pytest-timeout pytest-benchmark ruff filelock tqdm matplotlib "redis>=5"
+DEV_DEPS := "$(TORCH)" "transformers==5.23.*" "maturin>=1.9.4,<2" pytest pytest-timeout pytest-benchmark ruff filelock tqdm matplotlib "redis>=5" "tlparse>=0.4"
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(BIN)):$(PATH)
 
