@@ -41,16 +41,28 @@ log = logging.getLogger("fxcodegen")
 _ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
+def _portable_config(module: Any) -> list[tuple[str, Any]]:
+    """A config module's public values, callables and classes by qualified name (what
+    ``save_config_portable`` keeps, without its serializers, which import the whole of
+    Inductor's lowering: a warm start that compiles nothing should not pay for that)."""
+    ignored = ("_", *getattr(module, "_cache_config_ignore_prefix", []))
+    out = []
+    for name, value in module.get_config_copy().items():
+        if name.startswith(ignored):
+            continue
+        if callable(value):
+            value = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+        out.append((name, value))
+    return sorted(out, key=lambda kv: kv[0])
+
+
 def global_config_hash() -> str:
     """A hash of the global Inductor and functorch configs (what Inductor's own cache keys
     on), so that changing e.g. ``torch._inductor.config.max_autotune`` is a miss."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
-    parts = [
-        sorted(inductor_config.save_config_portable().items()),
-        sorted(functorch_config.save_config_portable().items()),
-    ]
+    parts = [_portable_config(inductor_config), _portable_config(functorch_config)]
     return "sha256:" + hashlib.sha256(_ADDRESS_RE.sub("", repr(parts)).encode()).hexdigest()
 
 
