@@ -25,7 +25,6 @@ Artifact cache seam (used by ``fxcodegen.cache``):
 
 from __future__ import annotations
 
-import bisect
 import collections
 import dataclasses
 import logging
@@ -53,7 +52,13 @@ from fxcodegen.entries import (
     wrap_inductor,
 )
 from fxcodegen.keys import compile_key, entry_key, structural_key
-from fxcodegen.ranges import ALL_SIZES, OutOfRangeError, Range, normalize_ranges, normalize_sizes
+from fxcodegen.ranges import (
+    ALL_SIZES,
+    OutOfRangeError,
+    SizeTable,
+    normalize_ranges,
+    normalize_sizes,
+)
 from fxcodegen.traced import RangeDim, static_entry
 
 __all__ = [
@@ -363,10 +368,7 @@ class PiecewiseBackend(torch.nn.Module):
         # Dispatch tables.
         self._single: Callable[..., Any] | None = None
         self._dispatch_index = self.sym_shape_indices[0] if self.sym_shape_indices else -1
-        self._exact: dict[int, Callable[..., Any]] = {}
-        self._starts: list[int] = []
-        self._ends: list[int] = []
-        self._range_fns: list[Callable[..., Any]] = []
+        self._table = SizeTable(self.piece_name, self._dispatch_arg)
         for entry in entries:
             fn = self._compiled[entry].fn
             if not self.sym_shape_indices:  # one entry, whatever its kind: no dispatch
@@ -374,31 +376,19 @@ class PiecewiseBackend(torch.nn.Module):
                 # register as a child and serve through its slow __getattr__.
                 object.__setattr__(self, "_single", fn)
             elif entry.kind == "size":
-                self._exact[entry.start] = fn
+                self._table.add_size(entry.start, fn)
             else:
-                self._starts.append(entry.start)
-                self._ends.append(entry.end)
-                self._range_fns.append(fn)
+                self._table.add_range(entry.start, entry.end, fn)
 
     # calling ---------------------------------------------------------------------------
     def entry_for(self, size: int | None) -> Entry:
         """The entry a call with dynamic size ``size`` runs (``None`` for a static piece)."""
         if self._single is not None:
             return self.entries[0]
-        if size in self._exact:
+        if size in self._table.exact:
             return Entry("size", size, size)  # type: ignore[arg-type]
-        i = bisect.bisect_right(self._starts, size) - 1  # type: ignore[arg-type]
-        if i >= 0 and size <= self._ends[i]:  # type: ignore[operator]
-            return Entry("range", self._starts[i], self._ends[i])
-        raise self._out_of_range(size)
-
-    def _out_of_range(self, size: Any) -> OutOfRangeError:
-        ranges = ", ".join(str(Range(s, e)) for s, e in zip(self._starts, self._ends, strict=True))
-        sizes = ", ".join(map(str, sorted(self._exact))) or "none"
-        return OutOfRangeError(
-            f"{self.piece_name}: size {size!r} ({self._dispatch_arg}) is in no compiled range "
-            f"and is no compiled size; ranges: {ranges or 'none'}; sizes: {sizes}"
-        )
+        i = self._table.index(size)
+        return Entry("range", self._table.starts[i], self._table.ends[i])
 
     def forward(self, *args: Any) -> Any:
         single = self._single
@@ -407,13 +397,7 @@ class PiecewiseBackend(torch.nn.Module):
         size = args[self._dispatch_index]
         if self._dispatch_dim is not None:
             size = size.size(self._dispatch_dim)
-        fn = self._exact.get(size)
-        if fn is None:
-            i = bisect.bisect_right(self._starts, size) - 1
-            if i < 0 or size > self._ends[i]:
-                raise self._out_of_range(size)
-            fn = self._range_fns[i]
-        return fn(*args)
+        return self._table.lookup(size)(*args)
 
     # cache seam ------------------------------------------------------------------------
     @property

@@ -6,6 +6,7 @@ tokens). :func:`ranges_from_endpoints` turns sorted endpoints into consecutive r
 
 from __future__ import annotations
 
+import bisect
 import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 __all__ = [
     "ALL_SIZES",
     "OutOfRangeError",
+    "SizeTable",
     "Range",
     "normalize_ranges",
     "normalize_sizes",
@@ -76,6 +78,52 @@ ALL_SIZES = Range(0, 2**63 - 1)
 
 class OutOfRangeError(ValueError):
     """A size of the range dimension falls in no compile range and is no compile size."""
+
+
+class SizeTable:
+    """A piece's compiled callables by size: single sizes first, then the range holding
+    the size (by bisection). ``where`` names the size in errors, e.g. ``"input_ids, dim 1"``.
+    """
+
+    def __init__(self, name: str, where: str = "") -> None:
+        self.name = name
+        self.where = where
+        self.exact: dict[int, Any] = {}
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.fns: list[Any] = []
+
+    def add_size(self, size: int, fn: Any) -> None:
+        self.exact[size] = fn
+
+    def add_range(self, start: int, end: int, fn: Any) -> None:
+        """Add a range above every range added so far (compile ranges are sorted)."""
+        if self.ends and start <= self.ends[-1]:
+            raise ValueError(f"{self.name}: range ({start}, {end}) is not above the others")
+        self.starts.append(start)
+        self.ends.append(end)
+        self.fns.append(fn)
+
+    def index(self, size: Any) -> int:
+        """The position of the range holding ``size``; raises :class:`OutOfRangeError`."""
+        i = bisect.bisect_right(self.starts, size) - 1
+        if i < 0 or size > self.ends[i]:
+            raise self.out_of_range(size)
+        return i
+
+    def lookup(self, size: Any) -> Any:
+        fn = self.exact.get(size)
+        return self.fns[self.index(size)] if fn is None else fn
+
+    def out_of_range(self, size: Any) -> OutOfRangeError:
+        ranges = ", ".join(str(Range(s, e)) for s, e in zip(self.starts, self.ends, strict=True))
+        sizes = ", ".join(map(str, sorted(self.exact))) or "none"
+        return OutOfRangeError(
+            f"{self.name}: size {size!r}"
+            + (f" ({self.where})" if self.where else "")
+            + f" is in no compiled range and is no compiled size; ranges: {ranges or 'none'}; "
+            f"sizes: {sizes}"
+        )
 
 
 def ranges_from_endpoints(endpoints: Iterable[int]) -> list[Range]:

@@ -9,7 +9,6 @@ traced piece dispatched on; the stitching code object is bound to them as on any
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import logging
 import time
@@ -20,7 +19,7 @@ from fxcodegen import torch_trace
 from fxcodegen.cache import Artifact, PieceRecord
 from fxcodegen.entries import Entry, load_inductor_artifact, wrap_inductor
 from fxcodegen.piecewise import counters
-from fxcodegen.ranges import OutOfRangeError, Range
+from fxcodegen.ranges import SizeTable
 from fxcodegen.records import GraphRecord, timing_first_run
 
 __all__ = ["StoredPiece", "bind_stored_graph"]
@@ -43,23 +42,17 @@ class StoredPiece:
         # Stored by this fxcodegen; an artifact without it cannot be dispatched untraced.
         self.dim = rec.extra["dispatch_dim"]
         self._single: Callable[..., Any] | None = None
-        self._exact: dict[int, Callable[..., Any]] = {}
-        self._starts: list[int] = []
-        self._ends: list[int] = []
-        self._fns: list[Callable[..., Any]] = []
+        self._table = SizeTable(rec.name)
         if self.index is None:
             if len(entries) != 1:
                 raise ValueError(f"{rec.name}: {len(entries)} entries and no dispatch argument")
             self._single = next(iter(entries.values()))
             return
         for entry in sorted(entries):
-            fn = entries[entry]
             if entry.kind == "size":
-                self._exact[entry.start] = fn
+                self._table.add_size(entry.start, entries[entry])
             elif entry.kind == "range":
-                self._starts.append(entry.start)
-                self._ends.append(entry.end)
-                self._fns.append(fn)
+                self._table.add_range(entry.start, entry.end, entries[entry])
             else:
                 raise ValueError(f"{rec.name}: a static entry beside dispatched ones")
 
@@ -69,20 +62,7 @@ class StoredPiece:
         size = args[self.index]  # type: ignore[index]
         if self.dim is not None:
             size = size.size(self.dim)
-        fn = self._exact.get(size)
-        if fn is None:
-            i = bisect.bisect_right(self._starts, size) - 1
-            if i < 0 or size > self._ends[i]:
-                ranges = ", ".join(
-                    str(Range(s, e)) for s, e in zip(self._starts, self._ends, strict=True)
-                )
-                raise OutOfRangeError(
-                    f"{self.name}: size {size!r} is in no compiled range and is no compiled "
-                    f"size; ranges: {ranges or 'none'}; sizes: "
-                    f"{', '.join(map(str, sorted(self._exact))) or 'none'}"
-                )
-            fn = self._fns[i]
-        return fn(*args)
+        return self._table.lookup(size)(*args)
 
 
 def bind_stored_graph(art: Artifact, index: int) -> tuple[Callable[..., Any], GraphRecord]:
