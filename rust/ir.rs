@@ -37,15 +37,17 @@ pub enum Arg {
     Dict(u32),
 }
 
-/// The torch.fx node kinds.
+/// The torch.fx node kinds. Each one's discriminant is its op code in [`crate::serial`]'s
+/// format, which both the writer and the reader take from here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Op {
-    Placeholder,
-    CallModule,
-    CallFunction,
-    CallMethod,
-    GetAttr,
-    Output,
+    Placeholder = 0,
+    CallModule = 1,
+    CallFunction = 2,
+    CallMethod = 3,
+    GetAttr = 4,
+    Output = 5,
 }
 
 impl Op {
@@ -57,6 +59,11 @@ impl Op {
         Op::GetAttr,
         Op::Output,
     ];
+
+    /// The op whose code is `b`.
+    pub fn from_byte(b: u8) -> Option<Op> {
+        Op::ALL.into_iter().find(|&op| op as u8 == b)
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {

@@ -20,6 +20,8 @@
 //!          | 10 tuple:(n arg) | 11 list:(n arg) | 12 dict:(n key:arg value:arg)
 //! ```
 //!
+//! The tag bytes are [`SubmodTag`], [`CallTag`] and [`ArgTag`]; the op code is [`Op`]'s.
+//!
 //! Reading is for untrusted input: every count is bounded by the bytes left, every index is
 //! checked, nesting is bounded, and the result goes through [`crate::validate`], so any input
 //! either becomes a program the emitter can write safely or an [`Error`].
@@ -31,6 +33,46 @@ use crate::ir::{
 
 pub const MAGIC: &[u8; 4] = b"FXCG";
 pub const VERSION: u8 = 1;
+
+/// A byte-coded choice of the format. Each byte is written here once: the writer writes
+/// `tag as u8` and the reader decodes with `from_byte`, so the two cannot disagree.
+macro_rules! byte_tags {
+    ($(#[$doc:meta])* $name:ident { $($variant:ident = $byte:literal),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(u8)]
+        pub enum $name {
+            $($variant = $byte),*
+        }
+
+        impl $name {
+            pub fn from_byte(b: u8) -> Option<$name> {
+                match b {
+                    $($byte => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+byte_tags!(
+    /// How a submodule is called (`kind`).
+    SubmodTag { Opaque = 0, Inline = 1 }
+);
+
+byte_tags!(
+    /// What a call_function node's target is.
+    CallTag { Name = 0, Getitem = 1, Const = 2 }
+);
+
+byte_tags!(
+    /// The kind of an argument, the first byte of each.
+    ArgTag {
+        Node = 0, None = 1, False = 2, True = 3, Int = 4, BigInt = 5, Float = 6, Str = 7,
+        Bytes = 8, Const = 9, Tuple = 10, List = 11, Dict = 12,
+    }
+);
 
 // ---------------------------------------------------------------- writing
 
@@ -72,49 +114,42 @@ impl Writer<'_> {
     }
 
     fn arg(&mut self, a: Arg) {
+        let p = self.p;
         match a {
-            Arg::Node(i) => {
-                self.out.push(0);
-                self.varint(i as u64);
-            }
-            Arg::None => self.out.push(1),
-            Arg::Bool(false) => self.out.push(2),
-            Arg::Bool(true) => self.out.push(3),
+            Arg::Node(i) => self.tagged(ArgTag::Node, i as u64),
+            Arg::None => self.tag(ArgTag::None),
+            Arg::Bool(false) => self.tag(ArgTag::False),
+            Arg::Bool(true) => self.tag(ArgTag::True),
             Arg::Int(v) => self.int(v as i64),
-            Arg::Long(k) => self.int(self.p.number(k) as i64),
+            Arg::Long(k) => self.int(p.number(k) as i64),
             Arg::BigInt(k) => {
-                self.out.push(5);
-                self.text(self.p.span(k));
+                self.tag(ArgTag::BigInt);
+                self.text(p.span(k));
             }
             Arg::Float(k) => {
-                self.out.push(6);
-                self.out
-                    .extend_from_slice(&self.p.float_of(k).to_le_bytes());
+                self.tag(ArgTag::Float);
+                self.out.extend_from_slice(&p.float_of(k).to_le_bytes());
             }
             Arg::Str(k) => {
-                self.out.push(7);
-                self.text(self.p.span(k));
+                self.tag(ArgTag::Str);
+                self.text(p.span(k));
             }
             Arg::Bytes(k) => {
-                self.out.push(8);
-                self.blob(self.p.span(k));
+                self.tag(ArgTag::Bytes);
+                self.blob(p.span(k));
             }
-            Arg::Const(k) => {
-                self.out.push(9);
-                self.varint(k as u64);
-            }
+            Arg::Const(k) => self.tagged(ArgTag::Const, k as u64),
             Arg::Tuple(k) => {
-                self.out.push(10);
-                self.args(self.p.items(k));
+                self.tag(ArgTag::Tuple);
+                self.args(p.items(k));
             }
             Arg::List(k) => {
-                self.out.push(11);
-                self.args(self.p.items(k));
+                self.tag(ArgTag::List);
+                self.args(p.items(k));
             }
             Arg::Dict(k) => {
-                self.out.push(12);
-                let items = self.p.items(k);
-                self.varint(items.len() as u64 / 2);
+                let items = p.items(k);
+                self.tagged(ArgTag::Dict, items.len() as u64 / 2);
                 for &a in items {
                     self.arg(a);
                 }
@@ -122,9 +157,18 @@ impl Writer<'_> {
         }
     }
 
+    fn tag(&mut self, t: ArgTag) {
+        self.out.push(t as u8);
+    }
+
+    /// A tag followed by a varint.
+    fn tagged(&mut self, t: ArgTag, v: u64) {
+        self.tag(t);
+        self.varint(v);
+    }
+
     fn int(&mut self, v: i64) {
-        self.out.push(4);
-        self.varint(((v << 1) ^ (v >> 63)) as u64);
+        self.tagged(ArgTag::Int, ((v << 1) ^ (v >> 63)) as u64);
     }
 }
 
@@ -141,9 +185,9 @@ pub fn write(p: &Program) -> Vec<u8> {
     for sm in &p.submods {
         w.text(sm.name);
         match sm.kind {
-            SubmodKind::Opaque => w.out.push(0),
+            SubmodKind::Opaque => w.out.push(SubmodTag::Opaque as u8),
             SubmodKind::Inline(g) => {
-                w.out.push(1);
+                w.out.push(SubmodTag::Inline as u8);
                 w.varint(g as u64);
             }
         }
@@ -152,15 +196,7 @@ pub fn write(p: &Program) -> Vec<u8> {
     for g in &p.graphs {
         w.varint(g.nodes.len() as u64);
         for n in &g.nodes {
-            let op = match n.op {
-                Op::Placeholder => 0,
-                Op::CallModule => 1,
-                Op::CallFunction => 2,
-                Op::CallMethod => 3,
-                Op::GetAttr => 4,
-                Op::Output => 5,
-            };
-            w.out.push(op);
+            w.out.push(n.op as u8);
             w.text(n.name);
             match n.target {
                 Target::Param(s) | Target::Method(s) => w.text(s),
@@ -168,12 +204,12 @@ pub fn write(p: &Program) -> Vec<u8> {
                     w.varint(i as u64)
                 }
                 Target::Name(s) => {
-                    w.out.push(0);
+                    w.out.push(CallTag::Name as u8);
                     w.text(s);
                 }
-                Target::Getitem => w.out.push(1),
+                Target::Getitem => w.out.push(CallTag::Getitem as u8),
                 Target::Const(k) => {
-                    w.out.push(2);
+                    w.out.push(CallTag::Const as u8);
                     w.varint(k as u64);
                 }
                 Target::Submod(_) | Target::None => {}
@@ -234,6 +270,15 @@ impl<'a> Reader<'a> {
         self.err(Reason::VarintOverflow)
     }
 
+    /// A byte that `decode` knows, else an error naming `what` the byte tags.
+    fn tag<T>(&mut self, decode: fn(u8) -> Option<T>, what: &'static str) -> Result<T> {
+        let b = self.u8()?;
+        match decode(b) {
+            Some(t) => Ok(t),
+            None => self.err(Reason::UnknownTag(what, b)),
+        }
+    }
+
     fn index(&mut self, limit: u64, what: &'static str) -> Result<u32> {
         let v = self.varint()?;
         if v >= limit {
@@ -287,21 +332,20 @@ impl<'a> Reader<'a> {
         if depth > MAX_DEPTH {
             return self.err(Reason::TooDeep);
         }
-        let tag = self.u8()?;
-        Ok(match tag {
-            0 => Arg::Node(self.index(ctx.node as u64, "node")?),
-            1 => Arg::None,
-            2 => Arg::Bool(false),
-            3 => Arg::Bool(true),
-            4 => {
+        Ok(match self.tag(ArgTag::from_byte, "argument tag")? {
+            ArgTag::Node => Arg::Node(self.index(ctx.node as u64, "node")?),
+            ArgTag::None => Arg::None,
+            ArgTag::False => Arg::Bool(false),
+            ArgTag::True => Arg::Bool(true),
+            ArgTag::Int => {
                 let z = self.varint()?;
                 self.p.int(((z >> 1) as i64) ^ -((z & 1) as i64))
             }
-            5 => {
+            ArgTag::BigInt => {
                 let s = self.text()?;
                 Arg::BigInt(self.p.add_span(s))
             }
-            6 => {
+            ArgTag::Float => {
                 if self.left() < 8 {
                     return self.err(Reason::UnexpectedEnd);
                 }
@@ -310,29 +354,28 @@ impl<'a> Reader<'a> {
                 self.pos += 8;
                 self.p.float(f64::from_le_bytes(b))
             }
-            7 => {
+            ArgTag::Str => {
                 let s = self.text()?;
                 Arg::Str(self.p.add_span(s))
             }
-            8 => {
+            ArgTag::Bytes => {
                 let b = self.slice()?;
                 let s = self.p.push_bytes(b);
                 Arg::Bytes(self.p.add_span(s))
             }
-            9 => Arg::Const(self.index(ctx.n_consts, "constant")?),
-            10 => {
+            ArgTag::Const => Arg::Const(self.index(ctx.n_consts, "constant")?),
+            ArgTag::Tuple => {
                 let n = self.count(1)?;
                 Arg::Tuple(self.args(n, ctx, depth + 1)?)
             }
-            11 => {
+            ArgTag::List => {
                 let n = self.count(1)?;
                 Arg::List(self.args(n, ctx, depth + 1)?)
             }
-            12 => {
+            ArgTag::Dict => {
                 let n = self.count(2)?;
                 Arg::Dict(self.args(2 * n, ctx, depth + 1)?)
             }
-            t => return self.err(Reason::UnknownTag("argument tag", t)),
         })
     }
 }
@@ -370,9 +413,9 @@ pub fn read(data: &[u8]) -> Result<Program> {
     let mut inline_graphs = Vec::new();
     for _ in 0..n_submods {
         let name = r.text()?;
-        let kind = match r.u8()? {
-            0 => SubmodKind::Opaque,
-            1 => {
+        let kind = match r.tag(SubmodTag::from_byte, "submodule kind")? {
+            SubmodTag::Opaque => SubmodKind::Opaque,
+            SubmodTag::Inline => {
                 let g = r.varint()?;
                 if g > u32::MAX as u64 {
                     return r.err(Reason::Index {
@@ -383,7 +426,6 @@ pub fn read(data: &[u8]) -> Result<Program> {
                 inline_graphs.push(g);
                 SubmodKind::Inline(g as u32)
             }
-            k => return r.err(Reason::UnknownTag("submodule kind", k)),
         };
         r.p.submods.push(Submod { name, kind });
     }
@@ -403,24 +445,15 @@ pub fn read(data: &[u8]) -> Result<Program> {
         let n_nodes = r.count(4)?;
         let mut nodes = Vec::with_capacity(n_nodes);
         for j in 0..n_nodes {
-            let op = match r.u8()? {
-                0 => Op::Placeholder,
-                1 => Op::CallModule,
-                2 => Op::CallFunction,
-                3 => Op::CallMethod,
-                4 => Op::GetAttr,
-                5 => Op::Output,
-                o => return r.err(Reason::UnknownTag("op code", o)),
-            };
+            let op = r.tag(Op::from_byte, "op code")?;
             let name = r.text()?;
             let target = match op {
                 Op::Placeholder => Target::Param(r.text()?),
                 Op::CallModule => Target::Submod(r.index(n_submods as u64, "submodule")?),
-                Op::CallFunction => match r.u8()? {
-                    0 => Target::Name(r.text()?),
-                    1 => Target::Getitem,
-                    2 => Target::Const(r.index(n_consts, "constant")?),
-                    t => return r.err(Reason::UnknownTag("call target tag", t)),
+                Op::CallFunction => match r.tag(CallTag::from_byte, "call target tag")? {
+                    CallTag::Name => Target::Name(r.text()?),
+                    CallTag::Getitem => Target::Getitem,
+                    CallTag::Const => Target::Const(r.index(n_consts, "constant")?),
                 },
                 Op::CallMethod => Target::Method(r.text()?),
                 Op::GetAttr => Target::Const(r.index(n_consts, "constant")?),
