@@ -1,5 +1,5 @@
 //! The emitter: a validated [`Program`] in, Python source out, through one `String` buffer and
-//! small `p*` helpers. It cannot fail: everything it relies on was checked by
+//! small `put*` helpers. It cannot fail: everything it relies on was checked by
 //! [`crate::validate`] and [`check_layout`].
 
 use std::rc::Rc;
@@ -193,9 +193,11 @@ fn arg_bound(p: &Program, a: Arg, names: &Names) -> u64 {
 }
 
 struct Emitter<'a> {
+    /// The program being written.
     p: &'a Program,
     layout: &'a Layout<'a>,
     reserved: Reserved<'a>,
+    /// The source so far, which the `put*` helpers append to.
     out: String,
     fn_of: Vec<Option<u32>>,
     /// `(traced parameter name, identifier)` of an inlined child's placeholders, by graph.
@@ -237,36 +239,37 @@ fn item_of(p: &Program, node: &Node) -> Option<u32> {
 }
 
 impl<'a> Emitter<'a> {
-    fn p(&mut self, s: &str) {
+    /// Appends `s` to the source.
+    fn put(&mut self, s: &str) {
         self.out.push_str(s);
     }
 
     /// `prefix`, `v` in decimal, `close`.
-    fn p_indexed(&mut self, prefix: &str, v: u32, close: &str) {
+    fn put_indexed(&mut self, prefix: &str, v: u32, close: &str) {
         self.out.push_str(prefix);
         self.out.push_str(itoa::Buffer::new().format(v));
         self.out.push_str(close);
     }
 
-    fn p_inline_name(&mut self, g: u32) {
+    fn put_inline_name(&mut self, g: u32) {
         let i = self.fn_of[g as usize].unwrap_or(g);
         match self.layout.style {
-            Style::Native => self.p_indexed("__fx_f", i, ""),
-            Style::Vllm => self.p_indexed("__vllm_inlined_submods__", i, ""),
+            Style::Native => self.put_indexed("__fx_f", i, ""),
+            Style::Vllm => self.put_indexed("__vllm_inlined_submods__", i, ""),
         }
     }
 
-    fn p_submod(&mut self, i: u32) {
+    fn put_submod(&mut self, i: u32) {
         match self.layout.style {
-            Style::Native => self.p_indexed("__fx_s", i, ""),
-            Style::Vllm => self.p_indexed("__vllm_submods__[", i, "]"),
+            Style::Native => self.put_indexed("__fx_s", i, ""),
+            Style::Vllm => self.put_indexed("__vllm_submods__[", i, "]"),
         }
     }
 
-    fn p_const(&mut self, k: u32) {
+    fn put_const(&mut self, k: u32) {
         match self.layout.style {
-            Style::Native => self.p_indexed("__fx_c", k, ""),
-            Style::Vllm => self.p_indexed("__vllm_consts__[", k, "]"),
+            Style::Native => self.put_indexed("__fx_c", k, ""),
+            Style::Vllm => self.put_indexed("__vllm_consts__[", k, "]"),
         }
     }
 
@@ -278,39 +281,39 @@ impl<'a> Emitter<'a> {
         let live = liveness::compute(p, nodes);
         // Room for the function's source, made once: growing it would copy the source so far.
         self.out.reserve(64 + size_hint(p, nodes));
-        self.p("def ");
+        self.put("def ");
         match inline {
-            Some(_) => self.p_inline_name(gi as u32),
-            None => self.p(self.layout.fn_name),
+            Some(_) => self.put_inline_name(gi as u32),
+            None => self.put(self.layout.fn_name),
         }
-        self.p("(");
+        self.put("(");
         let mut first = true;
         for (j, node) in nodes.iter().enumerate() {
             if node.op != Op::Placeholder {
                 continue;
             }
             if !first {
-                self.p(", ");
+                self.put(", ");
             }
             first = false;
-            self.p(names.get(j as u32));
+            self.put(names.get(j as u32));
             if let [default] = p.slice(node.args) {
-                self.p("=");
-                self.p_arg(*default, &names);
+                self.put("=");
+                self.put_arg(*default, &names);
             }
         }
         let vllm_root = inline.is_none() && self.layout.style == Style::Vllm;
         if vllm_root && self.layout.with_submod {
-            self.p(if first {
+            self.put(if first {
                 "*, __vllm_submods__"
             } else {
                 ", *, __vllm_submods__"
             });
         }
-        self.p("):\n");
+        self.put("):\n");
         self.statements(nodes, &names, &live);
         if nodes.last().is_none_or(|n| n.op != Op::Output) {
-            self.p("    return None\n");
+            self.put("    return None\n");
         }
     }
 
@@ -328,12 +331,12 @@ impl<'a> Emitter<'a> {
             if let (true, Some(next)) = (fuses, next) {
                 // `b = f(...)[i]`: the call's only use is the getitem right after it, so its
                 // value never gets a name (nor a `del`).
-                self.p_lhs(names.get(j as u32 + 1));
-                self.p_expr(node, names);
-                self.p("[");
-                self.p_arg(p.slice(next.args)[1], names);
-                self.p("]\n");
-                self.p_dels(
+                self.put_lhs(names.get(j as u32 + 1));
+                self.put_expr(node, names);
+                self.put("[");
+                self.put_arg(p.slice(next.args)[1], names);
+                self.put("]\n");
+                self.put_dels(
                     live.after(j).iter().chain(live.after(j + 1)),
                     j as u32,
                     names,
@@ -344,58 +347,58 @@ impl<'a> Emitter<'a> {
             match node.op {
                 Op::Placeholder => {}
                 Op::Output => {
-                    self.p("    return ");
+                    self.put("    return ");
                     match p.slice(node.args) {
-                        [value] => self.p_arg(*value, names),
-                        _ => self.p("None"),
+                        [value] => self.put_arg(*value, names),
+                        _ => self.put("None"),
                     }
-                    self.p("\n");
+                    self.put("\n");
                 }
                 _ => {
-                    self.p_lhs(names.get(j as u32));
-                    self.p_expr(node, names);
-                    self.p("\n");
+                    self.put_lhs(names.get(j as u32));
+                    self.put_expr(node, names);
+                    self.put("\n");
                 }
             }
-            self.p_dels(live.after(j).iter(), u32::MAX, names);
+            self.put_dels(live.after(j).iter(), u32::MAX, names);
             j += 1;
         }
     }
 
-    fn p_lhs(&mut self, name: &str) {
-        self.p("    ");
-        self.p(name);
-        self.p(" = ");
+    fn put_lhs(&mut self, name: &str) {
+        self.put("    ");
+        self.put(name);
+        self.put(" = ");
     }
 
     /// One `del` line for the values in `values`, all but `skip` (a value never bound).
-    fn p_dels<'v>(&mut self, values: impl Iterator<Item = &'v u32>, skip: u32, names: &Names) {
+    fn put_dels<'v>(&mut self, values: impl Iterator<Item = &'v u32>, skip: u32, names: &Names) {
         let mut first = true;
         for &i in values.filter(|&&i| i != skip) {
-            self.p(if first { "    del " } else { ", " });
-            self.p(names.get(i));
+            self.put(if first { "    del " } else { ", " });
+            self.put(names.get(i));
             first = false;
         }
         if !first {
-            self.p("\n");
+            self.put("\n");
         }
     }
 
     /// The value a call or get_attr node computes.
-    fn p_expr(&mut self, node: &Node, names: &Names) {
+    fn put_expr(&mut self, node: &Node, names: &Names) {
         let p = self.p;
         let args = p.slice(node.args);
         let kwargs = p.slice(node.kwargs());
         match (node.op, node.target) {
-            (Op::GetAttr, Target::Const(k)) => self.p_const(k),
+            (Op::GetAttr, Target::Const(k)) => self.put_const(k),
             (Op::CallModule, Target::Submod(i)) => match p.submods[i as usize].kind {
                 SubmodKind::Opaque => {
-                    self.p_submod(i);
-                    self.p_call(args, kwargs, None, names);
+                    self.put_submod(i);
+                    self.put_call(args, kwargs, None, names);
                 }
                 SubmodKind::Inline(g) => {
-                    self.p_inline_name(g);
-                    self.p_call(args, kwargs, Some(g), names);
+                    self.put_inline_name(g);
+                    self.put_call(args, kwargs, Some(g), names);
                 }
             },
             // `None[0]`, `1[0]` compile with a SyntaxWarning: those stay calls.
@@ -412,58 +415,58 @@ impl<'a> Emitter<'a> {
                             | Arg::Float(_)
                     ) =>
             {
-                self.p_receiver(args[0], names);
-                self.p("[");
-                self.p_arg(args[1], names);
-                self.p("]");
+                self.put_receiver(args[0], names);
+                self.put("[");
+                self.put_arg(args[1], names);
+                self.put("]");
             }
             (Op::CallFunction, t) => {
                 match t {
-                    Target::Name(s) => self.p(p.str(s)),
-                    Target::Const(k) => self.p_const(k),
-                    _ => self.p("operator.getitem"),
+                    Target::Name(s) => self.put(p.str(s)),
+                    Target::Const(k) => self.put_const(k),
+                    _ => self.put("operator.getitem"),
                 }
-                self.p_call(args, kwargs, None, names);
+                self.put_call(args, kwargs, None, names);
             }
             (Op::CallMethod, Target::Method(m)) => {
-                self.p_receiver(args[0], names);
-                self.p(".");
-                self.p(p.str(m));
-                self.p_call(&args[1..], kwargs, None, names);
+                self.put_receiver(args[0], names);
+                self.put(".");
+                self.put(p.str(m));
+                self.put_call(&args[1..], kwargs, None, names);
             }
             // Unreachable for validated programs; the output stays well-formed regardless.
-            _ => self.p("None"),
+            _ => self.put("None"),
         }
     }
 
     /// An object in receiver position (`x.m()`, `x[i]`): numbers get parentheses.
-    fn p_receiver(&mut self, a: Arg, names: &Names) {
+    fn put_receiver(&mut self, a: Arg, names: &Names) {
         let number = matches!(
             a,
             Arg::Int(_) | Arg::Long(_) | Arg::BigInt(_) | Arg::Float(_)
         );
         if number {
-            self.p("(");
+            self.put("(");
         }
-        self.p_arg(a, names);
+        self.put_arg(a, names);
         if number {
-            self.p(")");
+            self.put(")");
         }
     }
 
     /// `(a, b, k=v)`, or `(a, b, **{'k': v, 'not ident': w})` when any key cannot be passed
     /// as `k=` (all keys then go through `**{...}` in graph order). Keywords to an inlined child
     /// are renamed the way its parameters were; a key naming no parameter needs the `**` form.
-    fn p_call(&mut self, args: &[Arg], kwargs: &[Arg], callee: Option<u32>, names: &Names) {
-        self.p("(");
+    fn put_call(&mut self, args: &[Arg], kwargs: &[Arg], callee: Option<u32>, names: &Names) {
+        self.put("(");
         for (k, &a) in args.iter().enumerate() {
             if k > 0 {
-                self.p(", ");
+                self.put(", ");
             }
-            self.p_arg(a, names);
+            self.put_arg(a, names);
         }
         if kwargs.is_empty() {
-            self.p(")");
+            self.put(")");
             return;
         }
         let params = callee.map(|g| self.params(g));
@@ -473,29 +476,29 @@ impl<'a> Emitter<'a> {
             .chunks_exact(2)
             .all(|kv| key_ident(p, params, kv[0]).is_some());
         if !plain {
-            self.p(if args.is_empty() { "**{" } else { ", **{" });
+            self.put(if args.is_empty() { "**{" } else { ", **{" });
         }
         for (k, kv) in kwargs.chunks_exact(2).enumerate() {
             if k > 0 || (plain && !args.is_empty()) {
-                self.p(", ");
+                self.put(", ");
             }
             match (plain, key_ident(p, params, kv[0])) {
                 (true, Some(id)) => {
-                    self.p(id);
-                    self.p("=");
+                    self.put(id);
+                    self.put("=");
                 }
                 (_, Some(id)) => {
                     literal::str_repr(&mut self.out, id);
-                    self.p(": ");
+                    self.put(": ");
                 }
                 (_, None) => {
-                    self.p_arg(kv[0], names);
-                    self.p(": ");
+                    self.put_arg(kv[0], names);
+                    self.put(": ");
                 }
             }
-            self.p_arg(kv[1], names);
+            self.put_arg(kv[1], names);
         }
-        self.p(if plain { ")" } else { "})" });
+        self.put(if plain { ")" } else { "})" });
     }
 
     fn params(&mut self, g: u32) -> Rc<Vec<(String, String)>> {
@@ -517,8 +520,8 @@ impl<'a> Emitter<'a> {
             .clone()
     }
 
-    fn p_arg(&mut self, a: Arg, names: &Names) {
-        p_arg(
+    fn put_arg(&mut self, a: Arg, names: &Names) {
+        put_arg(
             &mut self.out,
             &mut self.floats,
             self.p,
@@ -533,7 +536,14 @@ impl<'a> Emitter<'a> {
 type Floats = FxHashMap<u64, Box<str>>;
 
 /// One argument value as generated code writes it.
-fn p_arg(out: &mut String, floats: &mut Floats, p: &Program, style: Style, a: Arg, names: &Names) {
+fn put_arg(
+    out: &mut String,
+    floats: &mut Floats,
+    p: &Program,
+    style: Style,
+    a: Arg,
+    names: &Names,
+) {
     match a {
         Arg::Node(i) => out.push_str(names.get(i)),
         Arg::None => out.push_str("None"),
@@ -570,7 +580,7 @@ fn p_arg(out: &mut String, floats: &mut Floats, p: &Program, style: Style, a: Ar
                 if n > 0 {
                     out.push_str(", ");
                 }
-                p_arg(out, floats, p, style, item, names);
+                put_arg(out, floats, p, style, item, names);
             }
             out.push_str(match (tuple, items.len()) {
                 (true, 1) => ",)",
@@ -584,9 +594,9 @@ fn p_arg(out: &mut String, floats: &mut Floats, p: &Program, style: Style, a: Ar
                 if n > 0 {
                     out.push_str(", ");
                 }
-                p_arg(out, floats, p, style, kv[0], names);
+                put_arg(out, floats, p, style, kv[0], names);
                 out.push_str(": ");
-                p_arg(out, floats, p, style, kv[1], names);
+                put_arg(out, floats, p, style, kv[1], names);
             }
             out.push('}');
         }
@@ -596,7 +606,7 @@ fn p_arg(out: &mut String, floats: &mut Floats, p: &Program, style: Style, a: Ar
 /// One value as it would appear in generated code (vLLM's `_node_ref`).
 pub fn format_arg(p: &Program, a: Arg, names: &Names, style: Style) -> String {
     let mut out = String::new();
-    p_arg(&mut out, &mut Floats::default(), p, style, a, names);
+    put_arg(&mut out, &mut Floats::default(), p, style, a, names);
     out
 }
 
