@@ -14,8 +14,13 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fxcodegen::emit::{emit, Layout};
-use fxcodegen::ir::{Arg, Op, Program, SubmodKind, Target};
+use fxcodegen::ir::{self, Arg, Op, Program, SubmodKind, Target};
 use fxcodegen::{codegen, codegen_serialized, liveness, names, serial};
+
+#[path = "../rust/tests/builder.rs"]
+mod builder;
+
+use builder::Build;
 
 const SIZES: [usize; 3] = [1_000, 100_000, 1_000_000];
 

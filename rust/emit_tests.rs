@@ -1,5 +1,6 @@
 //! Golden tests of the emitter: small programs and their exact source.
 
+use crate::builder::Build;
 use crate::emit::{Layout, Style};
 use crate::ir::{Arg, Op, Program, SubmodKind, Target};
 

@@ -19,6 +19,10 @@ pub mod validate;
 #[cfg(feature = "python")]
 mod read;
 
+#[cfg(test)]
+#[path = "tests/builder.rs"]
+mod builder;
+
 pub use emit::{Layout, Style};
 pub use error::{Error, Reason, Result};
 pub use ir::Program;

@@ -81,6 +81,7 @@ pub fn compute(p: &Program, nodes: &[Node]) -> Liveness {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::builder::Build;
     use crate::ir::{Arg, Target};
 
     #[test]

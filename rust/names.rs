@@ -135,6 +135,7 @@ fn fresh(raw: &str, reserved: &Reserved, used: impl Fn(&str) -> bool) -> String 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::builder::Build;
     use crate::ir::{Op, Target};
 
     fn names_of(list: &[&str], reserved: &Reserved) -> Vec<String> {

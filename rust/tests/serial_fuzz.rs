@@ -3,7 +3,10 @@
 //! statement shapes; every source an accepted input emits is checked to compile with CPython
 //! (`python3`). `FXCODEGEN_FUZZ_ITERS` sets the mutation-loop length (`make fuzz`).
 
-use fxcodegen::ir::{Arg, Op, Program, SubmodKind, Target};
+mod builder;
+
+use builder::Build;
+use fxcodegen::ir::{self, Arg, Op, Program, SubmodKind, Target};
 use fxcodegen::{codegen, codegen_serialized, serial, Error, Layout, Reason, Style};
 use proptest::prelude::*;
 
