@@ -62,6 +62,10 @@ redis: ## install redis-server (the cache tests start their own on a loopback po
 test-py: install redis ## pytest: the whole Python suite, slow Inductor tests included
 	$(BIN)/pytest tests -q
 
+.PHONY: test-fast
+test-fast: install redis ## pytest without the slow Inductor tests (the quick loop; CI runs `make test`)
+	$(BIN)/pytest tests -q -m "not slow"
+
 .PHONY: bench-smoke
 bench-smoke: install ## run every benchmark once on tiny sizes (checks they still work)
 	FXCODEGEN_BENCH_SMOKE=1 $(BIN)/pytest benches -q --benchmark-disable

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -221,20 +221,56 @@ def test_slow_redis_times_out(
     assert len(warnings) == 1 and "Timeout" in warnings[0], warnings
 
 
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Polls ``condition()`` until it is true; fails naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s}s"
+        time.sleep(0.01)
+
+
 def test_claims_expire_renew_and_release(redis_server: RedisServer) -> None:
-    a = RemoteStore(redis_server.url, SECRET.encode(), claim_ttl=0.6)
-    b = RemoteStore(redis_server.url, SECRET.encode(), claim_ttl=0.6)
+    r = redis_server.client()
+    a = RemoteStore(redis_server.url, SECRET.encode(), claim_ttl=3.0)
+    b = RemoteStore(redis_server.url, SECRET.encode(), claim_ttl=3.0)
     key = "ef" * 32
+    name = a.name("claim", key)
     claim = a.claim(key)
     assert claim not in (None, False)
-    time.sleep(1.5)  # longer than the TTL: renewed meanwhile
+    token = r.get(name)
+    assert token == claim.token.encode()
+    # Held with the TTL; the server cannot expire it while it is persisted, so the checks
+    # below race nothing.
+    assert 0 < r.pttl(name) <= 3000
+    assert r.persist(name)
     assert b.claim(key) is False
+    # The holder renews it: its thread puts the TTL back on (same token, not a new claim).
+    _until(lambda: r.pttl(name) > 0, "the claim was not renewed")
+    assert r.pttl(name) <= 3000 and r.get(name) == token
     claim.release()
+    assert r.exists(name) == 0  # released at once, not left to expire
     again = b.claim(key)
     assert again not in (None, False)
     assert a.claim(key) is False
     again.release()
-    assert redis_server.client().keys("*") == []  # released claims leave nothing
+
+    # A claimer that stopped renewing (it renews only every 20 minutes): its claim expires
+    # through the server's own TTL, made to run out now, and the entry is free.
+    stalled = RemoteStore(redis_server.url, SECRET.encode(), claim_ttl=3600.0)
+    stale = stalled.claim(key)
+    assert stale not in (None, False)
+    assert 3_000_000 < r.pttl(name) <= 3_600_000
+    assert b.claim(key) is False
+    assert r.pexpire(name, 1)
+    _until(lambda: r.exists(name) == 0, "the claim did not expire")
+    taken = b.claim(key)
+    assert taken not in (None, False)
+    holder = r.get(name)
+    assert holder == taken.token.encode() != stale.token.encode()
+    stale.release()  # too late: compare-and-delete leaves the new holder's claim
+    assert r.get(name) == holder
+    taken.release()
+    assert r.keys("*") == []  # released claims leave nothing
     # a claimer that dies: test_claimer_killed_mid_compile_is_taken_over[redis-claim]
 
 

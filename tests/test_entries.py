@@ -10,7 +10,7 @@ import fxcodegen
 import pytest
 import torch
 from _piecewise_helpers import ATTENTION, capture
-from fxcodegen import PiecewiseBackend, counters, entry_key
+from fxcodegen import PiecewiseBackend, counters
 from fxcodegen.entries import Bounds, Entry, entry_bounds, entry_config
 from fxcodegen.toy import make_decoder
 from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -119,12 +119,30 @@ def test_per_entry_config_is_applied_and_keyed(small_gm) -> None:
     )
     r, s = Entry("range", 1, 8), Entry("size", 16, 16)
     assert pb.entry_configs == {r: {}, s: {"max_autotune": True}}
-    assert pb.entry_keys[s] == entry_key(pb.struct_key, s, "eager", {"max_autotune": True})
-    assert pb.entry_keys[r] == entry_key(pb.struct_key, r, "eager", {})
+    # Each entry is keyed by the config it gets: without patches the range keeps its key
+    # and the size does not; the same patches given as a dict to every entry give the size
+    # the same key and change the range's; another value of the option, another key.
     plain = PiecewiseBackend(
         small_gm, compile_ranges=[(1, 8)], compile_sizes=[16], compiler="eager"
     )
     assert plain.entry_keys[r] == pb.entry_keys[r] and plain.entry_keys[s] != pb.entry_keys[s]
+    every = PiecewiseBackend(
+        small_gm,
+        compile_ranges=[(1, 8)],
+        compile_sizes=[16],
+        compiler="eager",
+        inductor_config={"max_autotune": True},
+    )
+    assert every.entry_configs == {r: {"max_autotune": True}, s: {"max_autotune": True}}
+    assert every.entry_keys[s] == pb.entry_keys[s] and every.entry_keys[r] != pb.entry_keys[r]
+    off = PiecewiseBackend(
+        small_gm,
+        compile_ranges=[(1, 8)],
+        compile_sizes=[16],
+        compiler="eager",
+        inductor_config={"max_autotune": False},
+    )
+    assert len({off.entry_keys[s], pb.entry_keys[s], plain.entry_keys[s]}) == 3
     assert entry_config({"a": 1}, r) == {"a": 1} and entry_config(None, r) == {}
     with pytest.raises(TypeError, match=r"inductor_config\('range:1-8'\) returned int"):
         PiecewiseBackend(small_gm, compile_ranges=[(1, 8)], inductor_config=lambda e: 3)

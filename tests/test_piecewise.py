@@ -1,14 +1,19 @@
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
+import fxcodegen
 import pytest
 import torch
 from _piecewise_helpers import ATTENTION, capture, graph_with_examples
+from conftest import fresh_python
 from fxcodegen import (
     OutOfRangeError,
     PiecewiseBackend,
     Range,
     counters,
-    entry_key,
     split_graph,
     structural_key,
 )
@@ -276,11 +281,42 @@ def test_entry_labels_and_keys(small) -> None:
         with pytest.raises(ValueError, match="entry label"):
             Entry.from_label(bad)
     keys = list(pb.entry_keys.values())
-    assert len(set(keys)) == 2 and all(len(k) == 64 for k in keys)
-    e = pb.entries[0]
-    assert entry_key(pb.struct_key, e, "eager") == pb.entry_keys[e]
-    assert entry_key(pb.struct_key, e, "inductor") != pb.entry_keys[e]
-    assert entry_key(pb.struct_key, e, "eager", {"max_autotune": True}) != pb.entry_keys[e]
+    assert len(set(keys)) == 2 and all(re.fullmatch("[0-9a-f]{64}", k) for k in keys)
+
+    def keys_with(**options) -> dict:
+        options = {"compile_ranges": [(1, 8)], "compile_sizes": [4], "compiler": "eager"} | options
+        return PiecewiseBackend(gm, **options).entry_keys
+
+    def custom(graph, entry, example_args):
+        return graph
+
+    # the same piece and options: the same keys (a fresh process too: the test below);
+    # another compiler or config patches: another key for every entry
+    assert keys_with() == pb.entry_keys
+    for other in (keys_with(compiler=custom), keys_with(inductor_config={"max_autotune": True})):
+        assert other.keys() == pb.entry_keys.keys()
+        assert not set(other.values()) & set(keys)
+
+
+def test_entry_keys_are_the_same_in_a_fresh_process(small) -> None:
+    # what lets another process (or machine) load the artifacts stored under them
+    gm, _ = small
+    pb = PiecewiseBackend(gm, compile_ranges=[(1, 8)], compile_sizes=[4], compiler="eager")
+    code = (
+        "import json, sys, torch; sys.path[:0] = sys.argv[1:]\n"
+        "from _piecewise_helpers import capture\n"
+        "from fxcodegen import PiecewiseBackend\n"
+        "from test_piecewise import Small\n"
+        "torch.manual_seed(1)  # other weights: they are inputs, not in the key\n"
+        "gm = capture(Small().eval().requires_grad_(False), (torch.randn(5, 8),)).graphs[0]\n"
+        "pb = PiecewiseBackend(gm, compile_ranges=[(1, 8)], compile_sizes=[4], compiler='eager')\n"
+        "print(json.dumps({e.label: k for e, k in pb.entry_keys.items()}))\n"
+    )
+    tests = str(Path(__file__).resolve().parent)
+    pkg_parent = str(Path(fxcodegen.__file__).resolve().parents[1])
+    out = fresh_python(code, {}, tests, pkg_parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == {e.label: k for e, k in pb.entry_keys.items()}
 
 
 def test_seam_errors_without_a_compiler(small) -> None:
