@@ -34,45 +34,34 @@ use crate::ir::{
 pub const MAGIC: &[u8; 4] = b"FXCG";
 pub const VERSION: u8 = 1;
 
-/// A byte-coded choice of the format. Each byte is written here once: the writer writes
+/// Byte-coded choices of the format. Each byte is written here once: the writer writes
 /// `tag as u8` and the reader decodes with `from_byte`, so the two cannot disagree.
 macro_rules! byte_tags {
-    ($(#[$doc:meta])* $name:ident { $($variant:ident = $byte:literal),* $(,)? }) => {
+    ($($(#[$doc:meta])* $name:ident { $($variant:ident = $byte:literal),* $(,)? })*) => {$(
         $(#[$doc])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         #[repr(u8)]
-        pub enum $name {
-            $($variant = $byte),*
-        }
+        pub enum $name { $($variant = $byte),* }
 
         impl $name {
             pub fn from_byte(b: u8) -> Option<$name> {
-                match b {
-                    $($byte => Some($name::$variant),)*
-                    _ => None,
-                }
+                match b { $($byte => Some($name::$variant),)* _ => None }
             }
         }
-    };
+    )*};
 }
 
-byte_tags!(
+byte_tags! {
     /// How a submodule is called (`kind`).
     SubmodTag { Opaque = 0, Inline = 1 }
-);
-
-byte_tags!(
     /// What a call_function node's target is.
     CallTag { Name = 0, Getitem = 1, Const = 2 }
-);
-
-byte_tags!(
     /// The kind of an argument, the first byte of each.
     ArgTag {
         Node = 0, None = 1, False = 2, True = 3, Int = 4, BigInt = 5, Float = 6, Str = 7,
         Bytes = 8, Const = 9, Tuple = 10, List = 11, Dict = 12,
     }
-);
+}
 
 // ---------------------------------------------------------------- writing
 
