@@ -104,10 +104,10 @@ mod core_ext {
         Ok(list.clone())
     }
 
-    /// generate(gm, resolver, style="native", fn_name="execution_fn", with_submod=True,
+    /// generate(gm, *, resolver, style="native", fn_name="execution_fn", with_submod=True,
     /// consts=None, const_index=None, header=True) -> (code, submod_names, consts)
     #[pyfunction]
-    #[pyo3(signature = (gm, resolver, style="native", fn_name="execution_fn", with_submod=true, consts=None, const_index=None, header=true))]
+    #[pyo3(signature = (gm, *, resolver, style="native", fn_name="execution_fn", with_submod=true, consts=None, const_index=None, header=true))]
     #[allow(clippy::too_many_arguments)]
     fn generate<'py>(
         py: Python<'py>,

@@ -10,6 +10,7 @@ class CodegenError(RuntimeError):
 
 def generate(
     gm: Any,
+    *,
     resolver: Callable[[Any], str | None],
     style: str = "native",
     fn_name: str = "execution_fn",

@@ -92,7 +92,9 @@ def _resolve_target(obj: Any) -> str | None:
 
 def generate(split_gm: torch.fx.GraphModule) -> Generated:
     """Generate the execution source of ``split_gm`` (never mutates it)."""
-    code, names, consts = _core.generate(split_gm, _resolve_target, "native", FN_NAME, True)
+    code, names, consts = _core.generate(
+        split_gm, resolver=_resolve_target, style="native", fn_name=FN_NAME, with_submod=True
+    )
     return Generated(code, names, consts)
 
 

@@ -40,7 +40,14 @@ def generate_execution_code_with_name(
     if const_index is None:
         const_index = {}
     code, names, consts = _core.generate(
-        split_gm, _resolve_target, "vllm", fn_name, with_submod, consts, const_index, False
+        split_gm,
+        resolver=_resolve_target,
+        style="vllm",
+        fn_name=fn_name,
+        with_submod=with_submod,
+        consts=consts,
+        const_index=const_index,
+        header=False,
     )
     return code, names, consts
 
@@ -49,7 +56,9 @@ def generate_execution_code(
     split_gm: torch.fx.GraphModule,
 ) -> tuple[str, list[str], list[Any]]:
     """``(code, submod_names, consts)`` for ``split_gm``'s stitching graph."""
-    code, names, consts = _core.generate(split_gm, _resolve_target, "vllm", "execution_fn", True)
+    code, names, consts = _core.generate(
+        split_gm, resolver=_resolve_target, style="vllm", fn_name="execution_fn", with_submod=True
+    )
     return code, names, consts
 
 
