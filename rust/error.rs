@@ -226,13 +226,33 @@ pyo3::create_exception!(
     fxcodegen,
     CodegenError,
     pyo3::exceptions::PyRuntimeError,
-    "A graph (or serialized node list) fxcodegen cannot turn into code; the message names the node."
+    "A graph (or serialized node list) fxcodegen cannot turn into code. When one node is the \
+     cause, `node`, `op` and `target` are its name, op and target as text (else None), and the \
+     message names them too."
 );
+
+/// The attributes of `CodegenError` that name the node at fault; the class holds None for each.
+#[cfg(feature = "python")]
+pub const NODE_ATTRS: [&str; 3] = ["node", "op", "target"];
 
 #[cfg(feature = "python")]
 impl From<Error> for pyo3::PyErr {
     fn from(e: Error) -> pyo3::PyErr {
-        CodegenError::new_err(e.to_string())
+        use pyo3::types::PyAnyMethods;
+        let err = CodegenError::new_err(e.to_string());
+        let attrs = match &e {
+            Error::Node {
+                op, name, target, ..
+            } => [name.as_str(), *op, target.as_str()],
+            _ => return err,
+        };
+        pyo3::Python::attach(|py| {
+            let value = err.value(py);
+            let mut pairs = NODE_ATTRS.into_iter().zip(attrs);
+            let set = pairs.try_for_each(|(attr, v)| value.setattr(attr, v));
+            // Setting them fails only when Python is out of memory: raise that instead.
+            set.err().unwrap_or(err)
+        })
     }
 }
 

@@ -74,6 +74,15 @@ mod core_ext {
     #[allow(non_upper_case_globals)]
     const __version__: &str = env!("CARGO_PKG_VERSION");
 
+    /// None for the node attributes on the class: an error about no one node, or one raised in
+    /// Python, has them too.
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        let class = m.py().get_type::<CodegenError>();
+        let none = |attr| class.setattr(attr, m.py().None());
+        crate::error::NODE_ATTRS.into_iter().try_for_each(none)
+    }
+
     fn style(s: &str) -> PyResult<Style> {
         match s {
             "native" => Ok(Style::Native),

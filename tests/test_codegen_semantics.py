@@ -1271,6 +1271,39 @@ def test_codegen_error_is_runtime_error() -> None:
     assert fxcodegen.CodegenError is fxcodegen.codegen.CodegenError
 
 
+def node_attrs(err: CodegenError) -> tuple[str | None, str | None, str | None]:
+    return err.node, err.op, err.target
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_codegen_error_carries_the_node_op_and_target(surface: str) -> None:
+    # Refused while the graph is read: the child does not exist.
+    g = fx.Graph()
+    x = g.placeholder("x")
+    call = g.call_module("no_such_child", (x,))
+    call.name = "the_call"
+    g.output(call)
+    with pytest.raises(CodegenError, match="the_call") as info:
+        generate_surface(raw_gm(g), surface)
+    assert node_attrs(info.value) == ("the_call", "call_module", "no_such_child")
+
+    # Refused by validation of the node list read: a default that is a node.
+    g = fx.Graph()
+    x = g.placeholder("x")
+    y = g.placeholder("y", default_value=x)
+    g.output(g.call_function(operator.add, (x, y)))
+    with pytest.raises(CodegenError, match="default refers to node") as info:
+        generate_surface(raw_gm(g, fx_codegen=False), surface)
+    assert node_attrs(info.value) == ("y", "placeholder", "y")
+
+
+def test_codegen_error_about_no_one_node_has_none_attributes() -> None:
+    with pytest.raises(CodegenError, match="bad magic") as info:
+        fxcodegen.emit(b"not a node list")
+    assert node_attrs(info.value) == (None, None, None)
+    assert node_attrs(CodegenError("raised in Python")) == (None, None, None)
+
+
 @pytest.mark.parametrize("surface", SURFACES)
 def test_missing_child_names_target(surface: str) -> None:
     g = fx.Graph()

@@ -610,6 +610,18 @@ def test_a_keyword_given_twice_is_refused() -> None:
         fxcodegen.emit(program([[call]]))
 
 
+def test_a_refused_node_is_named_by_the_error_attributes() -> None:
+    call = call_name("twice", "operator.add", [], [("k", A.int(1)), ("k", A.int(2))])
+    with pytest.raises(CodegenError, match="given twice") as info:
+        fxcodegen.emit(program([[call]]))
+    err = info.value
+    assert (err.node, err.op, err.target) == ("twice", "call_function", "operator.add")
+    with pytest.raises(CodegenError, match="version") as info:
+        fxcodegen.emit(program([[]], version=2))
+    err = info.value
+    assert (err.node, err.op, err.target) == (None, None, None)
+
+
 def test_a_placeholder_default_that_is_a_node_is_refused() -> None:
     data = program([[placeholder("x"), placeholder("y", default=A.node(0)), output(A.node(1))]])
     with pytest.raises(CodegenError, match='refers to node "x"') as info:

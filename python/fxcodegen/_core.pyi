@@ -6,7 +6,12 @@ from typing import Any
 __version__: str
 
 class CodegenError(RuntimeError):
-    """A graph (or serialized node list) fxcodegen cannot turn into code; names the node."""
+    """A graph (or serialized node list) fxcodegen cannot turn into code. When one node is the
+    cause, ``node``, ``op`` and ``target`` are its name, op and target as text (else None)."""
+
+    node: str | None
+    op: str | None
+    target: str | None
 
 def generate(
     gm: Any,
