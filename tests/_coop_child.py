@@ -35,11 +35,11 @@ def main() -> int:
     from fxcodegen.cache import Cache
     from fxcodegen.cache.coop import Coop, Work
     from fxcodegen.cache.remote import open_remote
-    from fxcodegen.piecewise import counters
+    from fxcodegen.obtain import count, counters
 
     collect = Collect.install()
     remote = open_remote(cfg.get("remote"), cfg.get("secret"), claim_ttl=cfg.get("claim_ttl"))
-    coop = Coop(Cache(cfg["cache_dir"]), remote, wait_s=cfg.get("wait_s"), poll_s=0.05)
+    coop = Coop(Cache(cfg["cache_dir"]), remote, wait_s=cfg.get("wait_s"), poll_s=0.05, count=count)
     assert coop.cache.usable()
 
     def work(i: int) -> Work:

@@ -33,7 +33,8 @@ from fxcodegen import counters
 from fxcodegen.backend import Backend
 from fxcodegen.cache import Artifact, Cache, PieceRecord
 from fxcodegen.cache.keys import fxcodegen_build
-from fxcodegen.graph_cache import cache_factors
+from fxcodegen.graph_key import graph_factors
+from fxcodegen.plan import plan_piece
 from fxcodegen.toy import ATTENTION_OP, attention, make_decoder
 
 TESTS = Path(__file__).resolve().parent
@@ -571,8 +572,33 @@ class _WithConstants(torch.nn.Module):
         return attention(q, self.k, q, 2) + 1
 
 
+def _with_examples(gm: torch.fx.GraphModule, *args: torch.Tensor) -> torch.fx.GraphModule:
+    """``gm`` with example values on its nodes, as Dynamo gives them (what planning reads)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    FakeTensorProp(gm, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*args)
+    return gm
+
+
+def cache_factors(be: Backend, split_gm: torch.fx.GraphModule, pieces: list[Any]) -> Any:
+    """The graph's cache factors, from its pieces planned with ``be``'s settings."""
+    plans = {
+        it.submod_name: plan_piece(
+            it.graph,
+            name=it.submod_name,
+            compiler=be.compiler,
+            compile_ranges=be.compile_ranges,
+            compile_sizes=be.compile_sizes,
+            inductor_config=be.inductor_config,
+        )
+        for it in pieces
+    }
+    return graph_factors(be.settings, split_gm, plans)
+
+
 def _factors(module: torch.nn.Module, **backend_kwargs: Any) -> tuple[dict[str, Any], bool]:
-    gm = torch.fx.symbolic_trace(module)
+    gm = _with_examples(torch.fx.symbolic_trace(module), torch.randn(3, 4))
     be = Backend(splitting_ops=[ATTENTION_OP], cache_dir=False, **backend_kwargs)
     split_gm, items = fxcodegen.split_graph(gm, be.splitting_ops)
     return cache_factors(be, split_gm, [it for it in items if not it.is_splitting_graph])
@@ -640,7 +666,7 @@ def test_graph_with_a_closure_is_not_cached(tmp_path: Path) -> None:
     q = graph.call_function(local, (x,))
     a = graph.call_function(torch.ops.fxcodegen_toy.attention.default, (q, q, q, 2))
     graph.output(graph.call_function(local, (a,)))
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    gm = _with_examples(torch.fx.GraphModule(torch.nn.Module(), graph), torch.randn(3, 4))
     be = Backend(splitting_ops=[ATTENTION_OP], cache_dir=tmp_path)
     split_gm, items = fxcodegen.split_graph(gm, be.splitting_ops)
     _, stable = cache_factors(be, split_gm, [it for it in items if not it.is_splitting_graph])

@@ -192,10 +192,12 @@ def test_older_format_without_pool_loads_with_consts_none(cache: Cache) -> None:
     assert ns["execution_fn"](4) == 10
 
 
-def test_execution_fn_binds_code_object_without_compiling(
+def test_bind_stored_binds_code_object_without_compiling(
     cache: Cache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("fxcodegen._core", reason="needs the compiled core")
+    from fxcodegen.codegen import bind_stored
+
     cache.store(KEY, FACTORS, make_artifact())
     art = cache.load(KEY)
     assert art is not None and art.code_origin == "marshal"
@@ -204,7 +206,7 @@ def test_execution_fn_binds_code_object_without_compiling(
         raise AssertionError("compile() called on a warm load")
 
     monkeypatch.setattr("builtins.compile", no_compile)
-    fn = art.execution_fn({"submod_0": lambda v: v + 1})
+    fn = bind_stored(art, {"submod_0": lambda v: v + 1})
     assert fn(2) == 3 * 3 + 2
     assert fn.__code__.co_filename == art.filename
 

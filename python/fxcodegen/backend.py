@@ -1,22 +1,16 @@
-"""The ``torch.compile`` backend: split, compile every piece for every entry, stitch.
+"""The ``torch.compile`` backend: checks its options, then runs each graph Dynamo hands over
+through the pipeline.
 
-``torch.compile(model, backend=fxcodegen.backend(splitting_ops=[...]), dynamic=True)``:
-Dynamo hands over its graph; it is split at the splitting ops (:func:`fxcodegen.split_graph`);
-each non-splitting piece becomes a :class:`fxcodegen.PiecewiseBackend` (compiled for every
-range and size right away; identical pieces share results); splitting pieces stay plain
-GraphModules, which fxcodegen inlines; the stitching function comes from
-:func:`fxcodegen.codegen.generate` and is what Dynamo runs.
-
-With the artifact cache (``cache_dir``, see ``docs/cache.md``) each graph is keyed before
-anything is compiled; a hit rebuilds every piece from its stored Inductor artifacts (no
-compile) and binds the stored code object of the stitching function (no generation, no
-``compile()`` of source). ``compiler="eager"`` bypasses the cache: it has nothing compiled to
-store.
+``torch.compile(model, backend=fxcodegen.backend(splitting_ops=[...]), dynamic=True)``: each
+graph goes through :func:`fxcodegen.pipeline.compile_graph` (split at the splitting ops, plan,
+key, obtain every piece-entry, build the pieces, stitch), whose stitching function is what
+Dynamo runs. The backend keeps what its graphs share: the checked options
+(:class:`~fxcodegen.settings.Settings`), the artifact cache (``cache_dir``, see
+``docs/cache.md``), the pool of compiled entries and a record per graph.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import sys
@@ -31,35 +25,24 @@ from fxcodegen.cache import Cache, open_cache
 from fxcodegen.cache.coop import open_coop
 from fxcodegen.cache.options import check_cache_dir
 from fxcodegen.cache.remote import open_remote
-from fxcodegen.graph_cache import through_cache
-from fxcodegen.piecewise import (
-    COMPILERS,
-    CompiledPool,
-    Entry,
-    PiecewiseBackend,
-    counters,
-    plan_entries,
-)
+from fxcodegen.obtain import CompiledPool, count
+from fxcodegen.pipeline import compile_graph
+from fxcodegen.plan import COMPILERS, InductorConfig
 from fxcodegen.ranges import normalize_ranges, normalize_sizes
 from fxcodegen.records import (
     GraphRecord,
-    Progress,
-    add_entry_times,
     mark_returned,
     progress_env,
     timing_first_run,
-    trace_seconds,
     watch_dynamo,
 )
-from fxcodegen.split import SplitItem, resolve_splitting_ops, split_graph
-from fxcodegen.traced import check_range_dim, dispatch_symbol, has_symbols, unspecialized_floats
+from fxcodegen.settings import Settings
+from fxcodegen.split import resolve_splitting_ops
+from fxcodegen.traced import check_range_dim
 
 __all__ = ["Backend", "GraphRecord", "backend"]
 
 log = logging.getLogger("fxcodegen")
-
-
-InductorConfig = Mapping[str, Any] | Callable[[Entry], Mapping[str, Any]] | None
 
 
 class Backend:
@@ -149,6 +132,7 @@ class Backend:
             self.cache,
             open_remote(remote_cache, cache_secret, timeout=remote_timeout),
             wait_s=claim_wait,
+            count=count,
         )
         """Cooperative compile and the remote store (:mod:`fxcodegen.cache.coop`), or None
         without a local cache."""
@@ -166,6 +150,17 @@ class Backend:
         self.progress = progress
         self.pool = CompiledPool()
         self.graphs: list[GraphRecord] = []
+        self.settings = Settings(
+            splitting=self.splitting,
+            compile_ranges=self.compile_ranges,
+            compile_sizes=self.compile_sizes,
+            compiler=compiler,
+            inductor_config=self.inductor_config,
+            range_dim=self.range_dim,
+            cache=self.cache,
+            coop=self.coop,
+        )
+        """What the pipeline (:func:`fxcodegen.pipeline.compile_graph`) reads."""
 
     def __repr__(self) -> str:
         return (
@@ -183,175 +178,26 @@ class Backend:
         return sys.stderr.isatty()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        record = GraphRecord(len(self.graphs), time.perf_counter(), has_symbols(gm))
-        record.trace_s = trace_seconds(record.entered_at)
+        entered_at = time.perf_counter()
+        index = len(self.graphs)
         try:
-            with torch_trace.phase("fxcodegen.backend", graph=record.index):
-                return self._handle(record, gm)
+            with torch_trace.phase("fxcodegen.backend", graph=index):
+                out = compile_graph(
+                    self.settings,
+                    gm,
+                    index=index,
+                    entered_at=entered_at,
+                    pool=self.pool,
+                    progress=self.progress_enabled(),
+                )
+                self.graphs.append(out.record)
+                if out.error is not None:
+                    raise out.error
+                assert out.fn is not None
+                torch_trace.graph_artifacts(out.record)
+                return timing_first_run(out.fn, out.record)
         finally:
             mark_returned()
-
-    def _handle(self, record: GraphRecord, gm: torch.fx.GraphModule) -> Callable[..., Any]:
-        from fxcodegen import codegen  # needs the compiled core
-
-        self.graphs.append(record)
-        before = counters.copy()
-        floats = unspecialized_floats(gm)
-        if floats:
-            # Dynamo made float inputs symbolic; a compiled piece would have to specialise
-            # them anyway, by making Dynamo trace again. Asking for that before compiling
-            # anything keeps every graph the same whatever Inductor's own cache holds.
-            from torch._dynamo.exc import TensorifyScalarRestartAnalysis
-            from torch._dynamo.symbolic_convert import TensorifyState
-
-            for name in floats:
-                TensorifyState.specialize(name)
-            record.cache = "abandoned"
-            log.info(
-                "graph %d: abandoned: Dynamo traces again with float inputs %s specialised",
-                record.index,
-                ", ".join(floats),
-            )
-            raise TensorifyScalarRestartAnalysis
-
-        record.dispatch_symbol = dispatch_symbol(
-            gm, self.range_dim, self.compile_ranges, self.compile_sizes
-        )
-        t0 = time.perf_counter()
-        with torch_trace.phase("fxcodegen.split", graph=record.index):
-            split_gm, items = split_graph(gm, self.splitting, graph_name=f"graph {record.index}")
-        record.split_s = time.perf_counter() - t0
-        record.split_gm, record.items = split_gm, items
-        record.num_pieces = len(items)
-        record.num_splitting = sum(it.is_splitting_graph for it in items)
-        log.info(
-            "graph %d: split into %d pieces (%d splitting) in %.3fs",
-            record.index,
-            record.num_pieces,
-            record.num_splitting,
-            record.split_s,
-        )
-        to_compile = [it for it in items if not it.is_splitting_graph]
-
-        from torch._dynamo.exc import RestartAnalysis
-
-        fn = None
-        try:
-            if self.cache is not None:
-                fn = through_cache(self, record, split_gm, to_compile)
-            elif self.compiler != "inductor":
-                record.cache = "bypassed"
-            if fn is None:
-                pieces, gen = self.compile_and_generate(record, split_gm, to_compile)
-                t0 = time.perf_counter()
-                with torch_trace.phase("fxcodegen.codegen", graph=record.index):
-                    fn = codegen.compile_execution_fn(
-                        gen.code, dict(pieces), gen.submod_names, gen.consts
-                    )
-                record.codegen_s += time.perf_counter() - t0
-        except RestartAnalysis:
-            # A compiler asked Dynamo to trace again (e.g. to specialise a float): what this
-            # graph compiled is thrown away with it.
-            record.cache = "abandoned"
-            log.info("graph %d: abandoned: a compiler asked Dynamo to trace again", record.index)
-            raise
-
-        record.compiled = counters["compile"] - before["compile"]
-        record.reused = counters["compile_reused"] - before["compile_reused"]
-        record.shared = counters["compile_shared"] - before["compile_shared"]
-        record.loaded = counters["artifact_loaded"] - before["artifact_loaded"]
-        record.obtained = "traced and loaded" if record.cache == "hit" else "traced and compiled"
-        torch_trace.graph_artifacts(record)
-        return timing_first_run(fn, record)
-
-    # the cold path ---------------------------------------------------------------------
-    def compile_and_generate(
-        self,
-        record: GraphRecord,
-        split_gm: torch.fx.GraphModule,
-        to_compile: list[SplitItem],
-        artifacts: Mapping[str, bytes] | None = None,
-    ) -> tuple[dict[str, PiecewiseBackend], Any]:
-        """Compile every piece for every entry (loading those in ``artifacts``), put them in
-        ``split_gm`` and generate the stitching code (``counters["codegen"]``). Returns
-        ``(pieces, Generated)``."""
-        from fxcodegen import codegen
-
-        t0 = time.perf_counter()
-        total = sum(self._num_entries(it.graph, record) for it in to_compile)
-        progress = Progress(total, self.progress_enabled(), record.index)
-        pieces: dict[str, PiecewiseBackend] = {}
-        try:
-            for it in to_compile:
-                piece = self.piece(it, record, progress, self.pool, artifacts)
-                pieces[it.submod_name] = piece
-                # Replace the child: a non-GraphModule child is called, not inlined.
-                setattr(split_gm, it.submod_name, piece)
-        finally:
-            progress.close()
-        record.pieces = pieces
-        record.num_entries = sum(len(p.entries) for p in pieces.values())
-        record.compile_s = time.perf_counter() - t0
-        add_entry_times(record, pieces)
-        hows = collections.Counter(h for p in pieces.values() for h in p.how.values())
-        log.info(
-            "graph %d: %d piece-entries with %s in %.2fs (%d compiled, %d reused, %d shared, "
-            "%d loaded)",
-            record.index,
-            record.num_entries,
-            self.compiler,
-            record.compile_s,
-            hows["compiled"],
-            hows["reused"],
-            hows["shared"],
-            hows["loaded"],
-        )
-
-        t0 = time.perf_counter()
-        with torch_trace.phase("fxcodegen.codegen", graph=record.index):
-            gen = codegen.generate(split_gm)
-        counters["codegen"] += 1
-        record.codegen_s = time.perf_counter() - t0
-        record.code = gen.code
-        log.info(
-            "graph %d: generated the stitching function in %.4fs", record.index, record.codegen_s
-        )
-        return pieces, gen
-
-    def piece(
-        self,
-        it: SplitItem,
-        record: GraphRecord,
-        progress: Progress,
-        pool: CompiledPool,
-        artifacts: Mapping[str, bytes] | None = None,
-        compile_missing: bool = True,
-    ) -> PiecewiseBackend:
-        """The :class:`PiecewiseBackend` of one piece with this backend's settings, reporting
-        each entry to ``progress``."""
-        return PiecewiseBackend(
-            it.graph,
-            compile_ranges=self.compile_ranges,
-            compile_sizes=self.compile_sizes,
-            compiler=self.compiler,
-            name=it.submod_name,
-            pool=pool,
-            artifacts=artifacts,
-            compile_missing=compile_missing,
-            inductor_config=self.inductor_config,
-            before_entry=lambda e: progress.start(it.submod_name, e),
-            on_entry=lambda e, how: progress.step(it.submod_name, e, how),
-            dispatch_symbol=record.dispatch_symbol,
-        )
-
-    def _num_entries(self, gm: torch.fx.GraphModule, record: GraphRecord) -> int:
-        entries = plan_entries(
-            gm,
-            compile_ranges=self.compile_ranges,
-            compile_sizes=self.compile_sizes,
-            dispatch_symbol=record.dispatch_symbol,
-        )[0]
-        return len(entries)
 
 
 backend = Backend

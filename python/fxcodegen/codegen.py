@@ -8,16 +8,20 @@ its submodules and constant pool, and registering the source with ``linecache``.
 from __future__ import annotations
 
 import builtins
+import hashlib
 import itertools
 import linecache
 import operator
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from fxcodegen import _core
 from fxcodegen._core import CodegenError
+
+if TYPE_CHECKING:
+    from fxcodegen.cache import Artifact
 
 __all__ = [
     "CodegenError",
@@ -181,6 +185,22 @@ def compile_execution_fn(
     module = exec_source(code, ns)
     check_bindings(module, submod_names, ns)
     return ns[FN_NAME]
+
+
+def bind_stored(
+    art: Artifact, submod_callables: Mapping[str, Callable[..., Any]] | None
+) -> Callable[..., Any]:
+    """Bind a stored graph's code object to ``submod_callables`` and its pool; no
+    ``compile()`` of source when the code object was unmarshaled."""
+    filename = art.filename or f"<fxcodegen-{hashlib.sha256(art.code.encode()).hexdigest()[:16]}>"
+    code_obj = art.code_object
+    if code_obj is None:
+        code_obj = compile(art.code, filename, "exec")
+    ns = bind_namespace(dict(submod_callables or {}), art.submod_names, art.consts)
+    linecache.cache[filename] = (len(art.code), None, art.code.splitlines(keepends=True), filename)
+    exec(code_obj, ns)
+    check_bindings(code_obj, art.submod_names, ns)
+    return ns[art.fn_name]
 
 
 def build(split_gm: torch.fx.GraphModule) -> Callable[..., Any]:

@@ -31,7 +31,6 @@ from fxcodegen.ranges import Range
 __all__ = [
     "Bounds",
     "Compiled",
-    "CompiledPool",
     "Entry",
     "compile_entry",
     "entry_bounds",
@@ -232,11 +231,6 @@ class Compiled:
     artifact: Any = None
     data: bytes | None = None
     """The artifact's bytes when it was loaded from them (kept for re-export)."""
-    claimed: bool = True
-    """False while no piece holds it: compiled ahead for a piece (cooperative compile), the
-    first piece to take it from the pool counts it as its own compile, not as reuse."""
-    seconds: float = 0.0
-    """How long its compile took, when compiled ahead (reported by the piece that claims it)."""
 
     def to_bytes(self) -> bytes:
         if self.data is None:
@@ -244,36 +238,6 @@ class Compiled:
                 raise ValueError("this entry has no artifact (compiled with 'eager')")
             self.data = inductor_artifact_bytes(self.artifact)
         return self.data
-
-
-class CompiledPool:
-    """Compiled results by sharing key, shared by the pieces of one model so that
-    identical compiles happen once."""
-
-    def __init__(self) -> None:
-        self._by_key: dict[str, Compiled] = {}
-
-    def get(self, key: str) -> Compiled | None:
-        return self._by_key.get(key)
-
-    def put(self, key: str, compiled: Compiled) -> None:
-        self._by_key[key] = compiled
-
-    def __len__(self) -> int:
-        return len(self._by_key)
-
-    def copy(self) -> CompiledPool:
-        """A pool with the same entries (adding to it leaves this one unchanged)."""
-        out = CompiledPool()
-        out._by_key = dict(self._by_key)
-        return out
-
-    def update(self, other: CompiledPool) -> None:
-        """Add ``other``'s entries."""
-        self._by_key.update(other._by_key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._by_key
 
 
 def returns_sequence(gm: torch.fx.GraphModule) -> bool:

@@ -38,7 +38,7 @@ from torch._dynamo.utils import dynamo_timed
 from fxcodegen import torch_trace
 from fxcodegen.backend import Backend
 from fxcodegen.cache import Artifact, PieceRecord, compute_key
-from fxcodegen.graph_cache import global_config_hash
+from fxcodegen.graph_key import global_config_hash
 from fxcodegen.program_key import call_signature, model_factors, program_factors
 from fxcodegen.records import GraphRecord
 from fxcodegen.stored_graph import bind_stored_graph
@@ -275,7 +275,7 @@ class CompiledModel:
         first = len(self.backend.graphs)
         token = _graph_loader.set(self._load_graph)
         try:
-            data = art.piece(_PROGRAM_PIECE).entries["aot"]
+            data = {p.name: p for p in art.pieces}[_PROGRAM_PIECE].entries["aot"]
             # Inductor's loaders report to a timed region, as they do inside Dynamo.
             with dynamo_timed("fxcodegen.load_program", log_pt2_compile_event=True):
                 aot = AOTCompiledModel.deserialize(self.model, bytes(data))

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,6 @@ from fxcodegen.split import SplitItem
 __all__ = [
     "GraphRecord",
     "Progress",
-    "add_entry_times",
     "mark_returned",
     "progress_env",
     "timing_first_run",
@@ -214,19 +213,6 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix_str("")
             self.bar.close()
-
-
-def add_entry_times(record: GraphRecord, pieces: Mapping[str, PiecewiseBackend]) -> None:
-    """Fill ``record``'s compile time by entry kind and its artifact load time."""
-    for piece in pieces.values():
-        for entry, seconds in piece.entry_seconds.items():
-            how = piece.how[entry]
-            if how == "compiled":
-                record.compile_by_kind[entry.kind] = (
-                    record.compile_by_kind.get(entry.kind, 0.0) + seconds
-                )
-            elif how == "loaded":
-                record.load_s += seconds
 
 
 def timing_first_run(fn: Callable[..., Any], record: GraphRecord) -> Callable[..., Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from fxcodegen import torch_trace
 from fxcodegen.cache import Artifact, PieceRecord
+from fxcodegen.codegen import bind_stored
 from fxcodegen.entries import Entry, load_inductor_artifact, wrap_inductor
 from fxcodegen.piecewise import counters
 from fxcodegen.ranges import SizeTable
@@ -91,7 +92,7 @@ def bind_stored_graph(art: Artifact, index: int) -> tuple[Callable[..., Any], Gr
     record.load_s = record.compile_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     with torch_trace.phase("fxcodegen.bind", graph=index):
-        fn = art.execution_fn(pieces)
+        fn = bind_stored(art, pieces)
     record.codegen_s = time.perf_counter() - t1
     record.num_pieces = int(art.extra.get("num_pieces", len(art.pieces)))
     record.num_splitting = int(art.extra.get("num_splitting", 0))

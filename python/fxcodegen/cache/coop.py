@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import filelock
@@ -48,7 +48,7 @@ from fxcodegen.cache.format import (
 from fxcodegen.cache.options import check_seconds
 from fxcodegen.cache.remote import Claim, RemoteStore
 from fxcodegen.cache.store import Cache, LockUnavailable
-from fxcodegen.cache.work import Work, plan
+from fxcodegen.cache.work import Work
 
 __all__ = [
     "ENTRIES_DIR",
@@ -59,7 +59,6 @@ __all__ = [
     "Work",
     "clear_entries",
     "open_coop",
-    "plan",
 ]
 
 log = logging.getLogger("fxcodegen")
@@ -73,12 +72,6 @@ WARN_S = 30.0
 """How long one wait lasts before a WARNING names the entry and the process holding it."""
 
 
-def _count(name: str, n: int = 1) -> None:
-    from fxcodegen.piecewise import counters
-
-    counters[name] += n
-
-
 class Coop:
     """Cooperative compile and the remote level for one local :class:`Cache`."""
 
@@ -90,9 +83,13 @@ class Coop:
         wait_s: float | None = None,
         poll_s: float | None = None,
         warn_s: float | None = None,
+        count: Callable[[str], None] | None = None,
     ) -> None:
         self.cache = cache
         self.remote = remote
+        self._count = count or (lambda name: None)
+        """Called with ``"remote_loaded"`` or ``"remote_stored"`` for each object read from
+        or written to the remote store (the backend counts them in ``fxcodegen.counters``)."""
         self.wait_s = check_seconds(wait_s, "claim_wait", default=WAIT_S, upper=None)
         self.poll_s = POLL_S if poll_s is None else poll_s
         self.warn_s = min(WARN_S, self.wait_s / 4) if warn_s is None else warn_s
@@ -158,7 +155,7 @@ class Coop:
             data = self.remote.get("blob", digest) if KEY_RE.match(digest) else None
             if data is None or sha256(data) != digest:
                 return None
-        _count("remote_loaded")
+        self._count("remote_loaded")
         self._keep_local(key, digest, data)
         return data
 
@@ -182,7 +179,7 @@ class Coop:
             if r.stale("blob", {digest: data}) and not r.put("blob", digest, data):
                 return
             if r.put("entry", key, digest.encode()):
-                _count("remote_stored")
+                self._count("remote_stored")
 
     @contextlib.contextmanager
     def claim(self, key: str) -> Iterator[bool]:
@@ -325,7 +322,7 @@ class Coop:
         except OSError as e:
             log.info("fxcodegen cache: could not copy remote artifact %s: %s", key[:16], e)
             return False
-        _count("remote_loaded")
+        self._count("remote_loaded")
         log.info("fxcodegen cache: copied %s from the remote store", key[:16])
         return True
 
@@ -363,13 +360,17 @@ class Coop:
         if art_stale:
             if not r.put("art", key, raw):
                 return False
-            _count("remote_stored")
+            self._count("remote_stored")
             wrote = True
         return wrote
 
 
 def open_coop(
-    cache: Cache | None, remote: RemoteStore | None, *, wait_s: float | None = None
+    cache: Cache | None,
+    remote: RemoteStore | None,
+    *,
+    wait_s: float | None = None,
+    count: Callable[[str], None] | None = None,
 ) -> Coop | None:
     """The :class:`Coop` of a backend's cache, or None without a local cache (a remote
     store alone is not used: WARNING). ``wait_s``: the ``claim_wait`` option, checked
@@ -383,7 +384,7 @@ def open_coop(
                 remote,
             )
         return None
-    return Coop(cache, remote, wait_s=wait_s)
+    return Coop(cache, remote, wait_s=wait_s, count=count)
 
 
 def clear_entries(root: str | os.PathLike[str]) -> int:

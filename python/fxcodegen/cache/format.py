@@ -2,8 +2,8 @@
 artifact and blob files' bytes, and reading them back with every check done before anything
 is unpickled or unmarshaled. ``docs/cache.md`` describes the format byte by byte.
 
-Nothing here needs the compiled core at import time: the only function that runs generated
-code (:meth:`Artifact.execution_fn`) imports :mod:`fxcodegen.codegen` when called.
+Nothing here runs the stored code: binding it to the pieces
+(:func:`fxcodegen.codegen.bind_stored`) is the compile layer's.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import hashlib
 import importlib.util
 import io
 import json
-import linecache
 import logging
 import marshal
 import math
@@ -22,7 +21,7 @@ import re
 import struct
 import sys
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,33 +165,9 @@ class Artifact:
             self.code_origin = "source"
         return self
 
-    def piece(self, name: str) -> PieceRecord:
-        for p in self.pieces:
-            if p.name == name:
-                return p
-        raise KeyError(name)
-
     @property
     def num_entries(self) -> int:
         return sum(len(p.entries) for p in self.pieces)
-
-    def execution_fn(
-        self, submod_callables: Mapping[str, Callable[..., Any]] | None
-    ) -> Callable[..., Any]:
-        """Bind the stored code object to ``submod_callables`` and the pool; no ``compile()``
-        of source when the code object was unmarshaled."""
-        from fxcodegen import codegen  # needs the compiled core
-
-        code_obj = self.code_object
-        filename = self.filename or synthetic_filename(self.key or sha256(self.code.encode()))
-        if code_obj is None:
-            code_obj = compile(self.code, filename, "exec")
-        ns = codegen.bind_namespace(dict(submod_callables or {}), self.submod_names, self.consts)
-        lines = self.code.splitlines(keepends=True)
-        linecache.cache[filename] = (len(self.code), None, lines, filename)
-        exec(code_obj, ns)  # noqa: S102
-        codegen.check_bindings(code_obj, self.submod_names, ns)
-        return ns[self.fn_name]
 
 
 # --------------------------------------------------------------------------------------
