@@ -31,7 +31,7 @@ class RedisServer:
         self.workdir = workdir
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        log = open(workdir / f"redis-{self.port}.log", "w")  # noqa: SIM115 - closed in stop
+        log = open(workdir / f"redis-{self.port}.log", "w")  # closed in stop
         self._log = log
         self.proc = subprocess.Popen(
             [
@@ -63,7 +63,7 @@ class RedisServer:
                 raise RuntimeError(f"redis-server did not start (exit {self.proc.poll()})")
             time.sleep(0.05)
 
-    def client(self):  # noqa: ANN201 - redis.Redis
+    def client(self):  # redis.Redis
         import redis
 
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)

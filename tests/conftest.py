@@ -54,7 +54,7 @@ def run_in_threads(n: int, work: Callable[[int], None]) -> list[BaseException]:
         try:
             barrier.wait()
             work(k)
-        except BaseException as e:  # noqa: BLE001 - returned to the caller
+        except BaseException as e:  # returned to the caller
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
@@ -76,7 +76,7 @@ def raw_gm(
     if fx_codegen:
         try:
             return fx.GraphModule(root, graph)
-        except Exception:  # noqa: BLE001 - any failure of fx's codegen
+        except Exception:  # any failure of fx's codegen
             pass
     gm = fx.GraphModule(root, fx.Graph())
     for node in graph.nodes:

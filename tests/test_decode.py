@@ -18,8 +18,8 @@ import pytest
 import torch
 import transformers  # noqa: F401 - a test dependency: fail loudly when it is missing
 from fxcodegen import OutOfRangeError, backend
+from fxcodegen.graph_inputs import RangeDim, dispatch_symbol
 from fxcodegen.models import SDPA, tiny_model
-from fxcodegen.traced import RangeDim, dispatch_symbol
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 

@@ -12,6 +12,7 @@ import torch
 from _piecewise_helpers import ATTENTION, capture
 from fxcodegen import PiecewiseBackend, counters
 from fxcodegen.entries import Bounds, Entry, entry_bounds, entry_config
+from fxcodegen.example_args import fake_args
 from fxcodegen.toy import make_decoder
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx.experimental.symbolic_shapes import free_symbols
@@ -76,7 +77,7 @@ def test_compiler_gets_bounded_symbols_in_its_own_shape_env(small_gm) -> None:
     seen: dict[Entry, list] = {}
     dynamo_env = next(
         d.node.shape_env
-        for a in fxcodegen.fake_args(small_gm)
+        for a in fake_args(small_gm)
         for d in ([*a.shape] if isinstance(a, torch.Tensor) else [a])
         if isinstance(d, torch.SymInt)
     )
@@ -354,7 +355,7 @@ def test_bounds_reach_inductor_and_never_dynamo() -> None:
         env = next(iter(rec.pieces.values())).graph
         dyn_env = next(
             d.node.shape_env
-            for a in fxcodegen.fake_args(env)
+            for a in fake_args(env)
             for d in ([*a.shape] if isinstance(a, torch.Tensor) else [a])
             if isinstance(d, torch.SymInt) and sym in free_symbols(d)
         )
@@ -370,7 +371,7 @@ def test_bounds_reach_inductor_and_never_dynamo() -> None:
 
 
 def test_guards_the_range_does_not_prove_are_reported() -> None:
-    from fxcodegen.entries import unproven_guards
+    from fxcodegen.compile_entry import unproven_guards
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 

@@ -15,9 +15,9 @@ from fxcodegen import (
     Range,
     counters,
     split_graph,
-    structural_key,
 )
-from fxcodegen.concrete import concrete_args, fake_args, is_symbolic
+from fxcodegen.example_args import concrete_args, fake_args, is_symbolic
+from fxcodegen.fingerprint import structural_key
 from fxcodegen.piecewise import CompiledPool, Entry
 from fxcodegen.toy import make_decoder
 
@@ -365,7 +365,7 @@ def test_inductor_entries_export_and_load_without_compiling(small) -> None:
 def test_a_closure_its_module_publishes_is_keyed_by_name() -> None:
     # torch._sym_sqrt (what math.sqrt of a SymFloat becomes) is a closure made at import;
     # keyed by identity, GPT-2's graphs could never be cached.
-    from fxcodegen.keys import structural_key_stable
+    from fxcodegen.fingerprint import structural_key_stable
 
     def local_closure(a, k=2.0):
         return a * k

@@ -369,7 +369,7 @@ def test_empty_root_is_valid() -> None:
     code, names = fxcodegen.emit(program([[]]))
     assert names == []
     ns: dict = {}
-    exec(compile(code, "<e>", "exec"), ns)  # noqa: S102
+    exec(compile(code, "<e>", "exec"), ns)
     assert ns["execution_fn"]() is None
 
 
@@ -544,7 +544,7 @@ def test_names_carrying_code_never_inject(bad: str) -> None:
     # The emitted function runs: bad == kwarg key reaches the inlined child only if it names
     # its parameter; here it does not, so calling it must raise TypeError, not do anything else.
     ns: dict = {"torch": torch, "operator": operator}
-    exec(compile(code, "<e>", "exec"), ns)  # noqa: S102
+    exec(compile(code, "<e>", "exec"), ns)
     fn_args = [
         a.arg
         for a in next(
@@ -595,7 +595,7 @@ def test_int_text_python_would_not_read_back_is_refused(text: str) -> None:
 def test_int_text_python_reads_back_is_accepted(text: str) -> None:
     code, _ = fxcodegen.emit(program([[output(A.bigint(text))]]))
     namespace: dict = {}
-    exec(compile(code, "<emitted>", "exec"), namespace)  # noqa: S102
+    exec(compile(code, "<emitted>", "exec"), namespace)
     assert namespace["execution_fn"]() == int(text)
 
 

@@ -5,8 +5,8 @@ import operator
 import pytest
 import torch
 from _piecewise_helpers import ATTENTION, capture
-from fxcodegen import SplitItem, split_graph
-from fxcodegen.split import dense_in_order
+from fxcodegen import split_graph
+from fxcodegen.split import SplitItem, dense_in_order
 from fxcodegen.toy import attention, make_decoder
 
 aten = torch.ops.aten

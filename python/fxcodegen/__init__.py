@@ -15,12 +15,11 @@ from fxcodegen.codegen import (
     generate,
     serialize,
 )
-from fxcodegen.concrete import concrete_args, fake_args
-from fxcodegen.keys import entry_key, structural_key
+from fxcodegen.example_args import concrete_args
 from fxcodegen.piecewise import PiecewiseBackend, counters
 from fxcodegen.program import CompiledModel, compile
 from fxcodegen.ranges import OutOfRangeError, Range, ranges_from_endpoints
-from fxcodegen.split import SplitItem, split_graph
+from fxcodegen.split import split_graph
 
 __all__ = [
     "CacheError",
@@ -30,7 +29,6 @@ __all__ = [
     "OutOfRangeError",
     "PiecewiseBackend",
     "Range",
-    "SplitItem",
     "__version__",
     "backend",
     "build",
@@ -39,12 +37,9 @@ __all__ = [
     "concrete_args",
     "counters",
     "emit",
-    "entry_key",
-    "fake_args",
     "generate",
     "load_artifact",
     "ranges_from_endpoints",
     "serialize",
     "split_graph",
-    "structural_key",
 ]

@@ -25,20 +25,21 @@ from fxcodegen.cache import Cache, open_cache
 from fxcodegen.cache.coop import open_coop
 from fxcodegen.cache.options import check_cache_dir
 from fxcodegen.cache.remote import open_remote
+from fxcodegen.graph_inputs import check_range_dim
 from fxcodegen.obtain import CompiledPool, count
 from fxcodegen.pipeline import compile_graph
 from fxcodegen.plan import COMPILERS, InductorConfig
 from fxcodegen.ranges import normalize_ranges, normalize_sizes
-from fxcodegen.records import (
+from fxcodegen.report import (
     GraphRecord,
     mark_returned,
     progress_env,
     timing_first_run,
+    trace_graph,
     watch_dynamo,
 )
 from fxcodegen.settings import Settings
 from fxcodegen.split import resolve_splitting_ops
-from fxcodegen.traced import check_range_dim
 
 __all__ = ["Backend", "GraphRecord", "backend"]
 
@@ -194,7 +195,7 @@ class Backend:
                 if out.error is not None:
                     raise out.error
                 assert out.fn is not None
-                torch_trace.graph_artifacts(out.record)
+                trace_graph(out.record)
                 return timing_first_run(out.fn, out.record)
         finally:
             mark_returned()

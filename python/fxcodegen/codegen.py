@@ -69,7 +69,7 @@ def _candidate(obj: Any) -> tuple[Any, str, tuple[str, ...]] | None:
     return None
 
 
-def _resolve_target(obj: Any) -> str | None:
+def resolve_target(obj: Any) -> str | None:
     """The text naming ``obj`` in the generated namespace, or None to pool it.
 
     A name is used only when it resolves to the very same object where the generated code
@@ -97,14 +97,14 @@ def _resolve_target(obj: Any) -> str | None:
 def generate(split_gm: torch.fx.GraphModule) -> Generated:
     """Generate the execution source of ``split_gm`` (never mutates it)."""
     code, names, consts = _core.generate(
-        split_gm, resolver=_resolve_target, style="native", fn_name=FN_NAME, with_submod=True
+        split_gm, resolver=resolve_target, style="native", fn_name=FN_NAME, with_submod=True
     )
     return Generated(code, names, consts)
 
 
 def serialize(split_gm: torch.fx.GraphModule) -> bytes:
     """The versioned serialized node list of ``split_gm`` (see ``docs/serial-format.md``)."""
-    return _core.serialize(split_gm, _resolve_target)
+    return _core.serialize(split_gm, resolve_target)
 
 
 def emit(data: bytes) -> tuple[str, list[str]]:
@@ -122,11 +122,11 @@ def exec_source(code: str, namespace: dict[str, Any], tag: str = "fxcodegen") ->
     filename = f"<{tag}-{next(_counter)}>"
     linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
     module = compile(code, filename, "exec")
-    exec(module, namespace)  # noqa: S102
+    exec(module, namespace)
     return module
 
 
-def _unwrap(fn: Any) -> Any:
+def unwrap_piece(fn: Any) -> Any:
     # Calling .forward skips nn.Module.__call__ (hooks are not used on pieces).
     if isinstance(fn, torch.nn.Module) and not (fn._forward_hooks or fn._forward_pre_hooks):
         return fn.forward
@@ -145,7 +145,7 @@ def bind_namespace(
     callables = submod_callables or {}
     for i, name in enumerate(submod_names):
         if name in callables:
-            ns[f"{SUBMOD_PREFIX}{i}"] = _unwrap(callables[name])
+            ns[f"{SUBMOD_PREFIX}{i}"] = unwrap_piece(callables[name])
     return ns
 
 

@@ -13,7 +13,7 @@ import torch
 
 from fxcodegen.cache import make_factors
 from fxcodegen.codegen import serialize
-from fxcodegen.keys import KEY_VERSION, config_repr, split_graph_key
+from fxcodegen.fingerprint import KEY_VERSION, config_repr, split_graph_key
 from fxcodegen.plan import PiecePlan
 from fxcodegen.settings import Settings
 

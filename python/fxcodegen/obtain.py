@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from fxcodegen import torch_trace
 from fxcodegen.cache.work import Work
-from fxcodegen.entries import Compiled, Entry, compile_entry, load_inductor_artifact, wrap_inductor
+from fxcodegen.compile_entry import Compiled, compile_entry, load_inductor_artifact, wrap_inductor
+from fxcodegen.entries import Entry
 from fxcodegen.plan import EntryPlan, PiecePlan
 
 __all__ = [

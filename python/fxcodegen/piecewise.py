@@ -13,7 +13,7 @@ binds the dispatch tables. Constructed directly, ``PiecewiseBackend(graph, ...)`
 those two steps itself and adds its counts to :data:`counters`.
 
 Identical compiles happen once: every entry has a sharing key
-(:func:`fxcodegen.keys.compile_key`: the piece's structural key, what the compiler is told
+(:func:`fxcodegen.fingerprint.compile_key`: the piece's structural key, what the compiler is told
 about the dispatch size, the compiler and its config patches), and a :class:`CompiledPool`
 shared between pieces maps keys to compiled results. ``artifacts={entry key: bytes}``
 (from :meth:`PiecewiseBackend.export_artifacts`) loads those entries instead of compiling
@@ -28,11 +28,12 @@ from typing import Any
 import sympy
 import torch
 
-from fxcodegen.entries import Bounds, Compiled, Entry
+from fxcodegen.compile_entry import Compiled
+from fxcodegen.entries import Bounds, Entry
+from fxcodegen.graph_inputs import RangeDim
 from fxcodegen.obtain import CompiledPool, Obtained, counters, obtain_piece, tally
 from fxcodegen.plan import COMPILERS, InductorConfig, PiecePlan, plan_entries, plan_piece
 from fxcodegen.ranges import OutOfRangeError, SizeTable
-from fxcodegen.traced import RangeDim
 
 __all__ = [
     "COMPILERS",
@@ -62,7 +63,7 @@ class PiecewiseBackend(torch.nn.Module):
             it, else the tensor argument dimension of that size. A piece that does not
             depend on it has a single entry; its other symbolic sizes stay dynamic in every
             entry. Default: the symbol of the first ``sym_shape_indices`` argument. A
-            :class:`~fxcodegen.traced.RangeDim` also names the size in errors; when it is
+            :class:`~fxcodegen.graph_inputs.RangeDim` also names the size in errors; when it is
             static in the graph, the piece has the one entry covering it.
         compiler: ``"inductor"`` (``torch._inductor.standalone_compile``), ``"eager"``
             (runs the graph as is), or a callable ``compiler(graph, entry, example_args)``

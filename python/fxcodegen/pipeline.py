@@ -13,7 +13,7 @@
 6. **stitch**: generate the stitching function (:mod:`fxcodegen.codegen`), or bind the stored
    one; store the artifact on a miss.
 
-Counts and timings go into the graph's :class:`~fxcodegen.records.GraphRecord`, which is
+Counts and timings go into the graph's :class:`~fxcodegen.report.GraphRecord`, which is
 returned; the counts are also added to the process-wide :data:`fxcodegen.counters`.
 """
 
@@ -31,26 +31,26 @@ import torch
 from fxcodegen import codegen, torch_trace
 from fxcodegen.cache import Artifact, PieceRecord, compute_key
 from fxcodegen.entries import Entry
+from fxcodegen.graph_inputs import dispatch_symbol, has_symbols, unspecialized_floats
 from fxcodegen.graph_key import graph_factors
 from fxcodegen.obtain import Ahead, CompiledPool, Obtained, counters, obtain_piece, tally
 from fxcodegen.obtain import work_items as coop_work
 from fxcodegen.piecewise import PiecewiseBackend
 from fxcodegen.plan import PiecePlan, plan_piece
-from fxcodegen.records import GraphRecord, Progress, trace_seconds
+from fxcodegen.report import GraphRecord, Progress, trace_seconds
 from fxcodegen.settings import Settings
 from fxcodegen.split import split_graph
-from fxcodegen.traced import dispatch_symbol, has_symbols, unspecialized_floats
 
-__all__ = ["Outcome", "compile_graph"]
+__all__ = ["GraphResult", "compile_graph"]
 
 log = logging.getLogger("fxcodegen")
 
-Outcomes = dict[str, dict[Entry, Obtained]]
+ObtainedEntries = dict[str, dict[Entry, Obtained]]
 """Each piece's obtained entries, by piece name."""
 
 
 @dataclass
-class Outcome:
+class GraphResult:
     """What :func:`compile_graph` made of one graph."""
 
     record: GraphRecord
@@ -69,7 +69,7 @@ def compile_graph(
     entered_at: float,
     pool: CompiledPool,
     progress: bool,
-) -> Outcome:
+) -> GraphResult:
     """Split, plan, key, obtain, build the pieces and stitch graph ``index``; ``pool`` is
     shared with the backend's other graphs; ``progress``: show a bar (else log lines). A
     failure is returned with the record of what was done, for the caller to raise."""
@@ -86,11 +86,11 @@ def compile_graph(
         log.info(
             "graph %d: abandoned: Dynamo traces it again%s", index, f" ({e})" if str(e) else ""
         )
-        return Outcome(record, None, e)
+        return GraphResult(record, None, e)
     except Exception as e:
-        return Outcome(record, None, e)
+        return GraphResult(record, None, e)
     record.obtained = "traced and loaded" if record.cache == "hit" else "traced and compiled"
-    return Outcome(record, fn)
+    return GraphResult(record, fn)
 
 
 def _steps(
@@ -209,7 +209,7 @@ class _Run:
         artifacts: Mapping[str, bytes] | None = None,
         ahead: Ahead | None = None,
         compile_missing: bool = True,
-    ) -> Outcomes:
+    ) -> ObtainedEntries:
         """Every entry of every piece; reported to the progress display."""
         total = sum(len(p.entries) for p in self.plans.values())
         progress = Progress(total, self.progress, self.record.index)
@@ -230,22 +230,22 @@ class _Run:
             progress.close()
 
     # 5. pieces -------------------------------------------------------------------------
-    def pieces(self, outcomes: Outcomes, seconds: float) -> dict[str, PiecewiseBackend]:
+    def pieces(self, obtained: ObtainedEntries, seconds: float) -> dict[str, PiecewiseBackend]:
         """The pieces, put in the split graph (a non-GraphModule child is called, not
         inlined); the record and :data:`counters` get their counts."""
         record = self.record
-        pieces = {n: PiecewiseBackend.from_plan(self.plans[n], o) for n, o in outcomes.items()}
+        pieces = {n: PiecewiseBackend.from_plan(self.plans[n], o) for n, o in obtained.items()}
         for name, piece in pieces.items():
             setattr(self.split_gm, name, piece)
-        counts = tally(outcomes.values())
+        counts = tally(obtained.values())
         counters.update(counts)
         record.pieces = pieces
-        record.num_entries = sum(len(o) for o in outcomes.values())
+        record.num_entries = sum(len(o) for o in obtained.values())
         record.compiled, record.reused = counts["compile"], counts["compile_reused"]
         record.shared, record.loaded = counts["compile_shared"], counts["artifact_loaded"]
         record.compile_s = seconds
-        for obtained in outcomes.values():
-            for entry, o in obtained.items():
+        for entries in obtained.values():
+            for entry, o in entries.items():
                 if o.how == "compiled":
                     by_kind = record.compile_by_kind
                     by_kind[entry.kind] = by_kind.get(entry.kind, 0.0) + o.seconds
@@ -254,11 +254,11 @@ class _Run:
         return pieces
 
     # 6. stitch -------------------------------------------------------------------------
-    def generate(self, outcomes: Outcomes, seconds: float) -> codegen.Generated:
+    def generate(self, obtained: ObtainedEntries, seconds: float) -> codegen.Generated:
         """Build the pieces and generate the stitching code (``counters["codegen"]``)."""
         record = self.record
-        self.pieces(outcomes, seconds)
-        hows = collections.Counter(o.how for obt in outcomes.values() for o in obt.values())
+        self.pieces(obtained, seconds)
+        hows = collections.Counter(o.how for obt in obtained.values() for o in obt.values())
         log.info(
             "graph %d: %d piece-entries with %s in %.2fs (%d compiled, %d reused, %d shared, "
             "%d loaded)",
@@ -349,14 +349,14 @@ class _Run:
             artifacts.update({ep.key: rec.entries[ep.entry.label] for ep in plan.entries})
         t0 = time.perf_counter()
         scratch = self.pool.copy()  # merged into the shared pool only on success
-        outcomes = self.obtain(scratch, artifacts, compile_missing=False)
+        obtained = self.obtain(scratch, artifacts, compile_missing=False)
         compile_s = time.perf_counter() - t0
         t1 = time.perf_counter()
-        pieces = {n: PiecewiseBackend.from_plan(self.plans[n], o) for n, o in outcomes.items()}
+        pieces = {n: PiecewiseBackend.from_plan(self.plans[n], o) for n, o in obtained.items()}
         with torch_trace.phase("fxcodegen.bind", graph=record.index):
             fn = codegen.bind_stored(art, pieces)  # raises CodegenError for unbound slots
         self.pool.update(scratch)
-        self.pieces(outcomes, compile_s)
+        self.pieces(obtained, compile_s)
         record.codegen_s = time.perf_counter() - t1
         record.code = art.code
         record.cache = "hit"
@@ -372,11 +372,11 @@ class _Run:
         )
         return fn
 
-    def make_artifact(self, outcomes: Outcomes, seconds: float) -> Artifact:
+    def make_artifact(self, obtained: ObtainedEntries, seconds: float) -> Artifact:
         """Build the pieces, generate the stitching code and make the graph's artifact (not
         storable when a piece cannot be exported)."""
         record = self.record
-        gen = self.generate(outcomes, seconds)
+        gen = self.generate(obtained, seconds)
         art = Artifact(
             code=gen.code,
             submod_names=list(gen.submod_names),
@@ -410,8 +410,8 @@ class _Run:
         t0 = time.perf_counter()
         ahead: Ahead = {}
         others, _ = coop.gather(coop_work(self.plans.values(), self.pool, ahead))
-        outcomes = self.obtain(self.pool, others, ahead)
-        art = self.make_artifact(outcomes, time.perf_counter() - t0).prepare(key, factors)
+        obtained = self.obtain(self.pool, others, ahead)
+        art = self.make_artifact(obtained, time.perf_counter() - t0).prepare(key, factors)
         if not art.storable:
             log.info("fxcodegen cache: %s is not storable; not stored", key[:16])
         elif coop.read_only:

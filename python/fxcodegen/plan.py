@@ -16,18 +16,12 @@ from typing import Any
 import sympy
 import torch
 
-from fxcodegen.concrete import fake_args, is_symbolic
-from fxcodegen.entries import (
-    Bounds,
-    Entry,
-    entry_bounds,
-    entry_config,
-    returns_sequence,
-    symbol_range,
-)
-from fxcodegen.keys import compile_key, entry_key, structural_key_stable
+from fxcodegen.compile_entry import returns_sequence
+from fxcodegen.entries import Bounds, Entry, entry_bounds, entry_config, symbol_range
+from fxcodegen.example_args import fake_args, is_symbolic
+from fxcodegen.fingerprint import compile_key, entry_key, structural_key_stable
+from fxcodegen.graph_inputs import RangeDim, static_entry
 from fxcodegen.ranges import ALL_SIZES, normalize_ranges, normalize_sizes
-from fxcodegen.traced import RangeDim, static_entry
 
 __all__ = ["COMPILERS", "EntryPlan", "InductorConfig", "PiecePlan", "plan_entries", "plan_piece"]
 
@@ -111,9 +105,9 @@ class EntryPlan:
     bounds: Bounds | None
     """What its compile is told about the dispatch size (``None``: nothing, a static piece)."""
     key: str
-    """Its content key (:func:`fxcodegen.keys.entry_key`): what the cache stores it under."""
+    """Its content key (:func:`fxcodegen.fingerprint.entry_key`): what the cache stores it under."""
     compile_key: str
-    """Its sharing key (:func:`fxcodegen.keys.compile_key`): equal keys compile once."""
+    """Its sharing key (:func:`fxcodegen.fingerprint.compile_key`): equal keys compile once."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +120,7 @@ class PiecePlan:
     compiler_id: str
     """The compiler's name, or ``custom:<qualified name>:<id>`` for a callable."""
     struct_key: str
-    """The piece's :func:`fxcodegen.keys.structural_key`."""
+    """The piece's :func:`fxcodegen.fingerprint.structural_key`."""
     stable: bool
     """False when ``struct_key`` holds an object identity (valid in this process only)."""
     entries: tuple[EntryPlan, ...]

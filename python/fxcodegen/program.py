@@ -40,7 +40,7 @@ from fxcodegen.backend import Backend
 from fxcodegen.cache import Artifact, PieceRecord, compute_key
 from fxcodegen.graph_key import global_config_hash
 from fxcodegen.program_key import call_signature, model_factors, program_factors
-from fxcodegen.records import GraphRecord
+from fxcodegen.report import GraphRecord
 from fxcodegen.stored_graph import bind_stored_graph
 
 __all__ = ["CompiledModel", "StitchedGraph", "compile"]

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from fxcodegen.cache import make_factors
-from fxcodegen.keys import config_repr
+from fxcodegen.fingerprint import config_repr
 
 __all__ = ["PROGRAM_KEY_VERSION", "call_signature", "model_factors", "program_factors"]
 

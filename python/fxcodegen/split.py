@@ -21,7 +21,6 @@ hands a Python scalar to the next: a compiled piece cannot return one.
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 import operator
 from collections.abc import Callable, Iterable
@@ -333,9 +332,6 @@ def _fix_layouts(
             user.replace_input_with(node, fixed)
 
 
-_HAS_TUPLE_RETURN = "tuple_return" in inspect.signature(split_module).parameters
-
-
 def split_graph(
     gm: torch.fx.GraphModule,
     splitting_ops: Iterable[OpSpec] | SplittingOps,
@@ -393,10 +389,9 @@ def split_graph(
     _fix_layouts(gm, piece_of, splitting_ids)
     gm.recompile()
 
-    kwargs: dict[str, Any] = {"keep_original_order": True}
-    if _HAS_TUPLE_RETURN:
-        kwargs["tuple_return"] = True
-    split_gm = split_module(gm, gm, piece_of.__getitem__, **kwargs)
+    split_gm = split_module(
+        gm, gm, piece_of.__getitem__, keep_original_order=True, tuple_return=True
+    )
 
     items = []
     for node in split_gm.graph.nodes:

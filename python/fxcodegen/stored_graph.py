@@ -18,10 +18,11 @@ from typing import Any
 from fxcodegen import torch_trace
 from fxcodegen.cache import Artifact, PieceRecord
 from fxcodegen.codegen import bind_stored
-from fxcodegen.entries import Entry, load_inductor_artifact, wrap_inductor
+from fxcodegen.compile_entry import load_inductor_artifact, wrap_inductor
+from fxcodegen.entries import Entry
 from fxcodegen.piecewise import counters
 from fxcodegen.ranges import SizeTable
-from fxcodegen.records import GraphRecord, timing_first_run
+from fxcodegen.report import GraphRecord, timing_first_run, trace_stored_graph
 
 __all__ = ["StoredPiece", "bind_stored_graph"]
 
@@ -102,7 +103,7 @@ def bind_stored_graph(art: Artifact, index: int) -> tuple[Callable[..., Any], Gr
     record.cache, record.cache_key = "hit", art.key
     record.code = art.code
     record.obtained = "loaded without a trace"
-    torch_trace.stored_plan(record, art, hows)
+    trace_stored_graph(record, art, hows)
     log.info(
         "graph %d: loaded without a trace: %d piece-entries (%d artifacts) in %.2fs",
         index,

@@ -29,16 +29,13 @@ def fxcodegen_build() -> tuple[str, str]:
     """(version, hash of the package's modules that shape its output and of the compiled
     core): a development build that changes what is generated changes the key even when
     the version does not."""
-    version = "unknown"
-    try:
-        from fxcodegen._core import __version__ as version
-    except ImportError:
-        try:
-            from importlib.metadata import version as _dist_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
 
-            version = _dist_version("fxcodegen")
-        except Exception:  # noqa: BLE001 - not installed: the hash below still identifies it
-            pass
+    try:
+        version = dist_version("fxcodegen")
+    except PackageNotFoundError:  # not installed: the hash below still identifies it
+        version = "unknown"
     h = hashlib.sha256()
     pkg = Path(__file__).resolve().parents[1]
     for rel in build_files(pkg):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from fxcodegen import _core
-from fxcodegen.codegen import _resolve_target, _unwrap, exec_source
+from fxcodegen.codegen import exec_source, resolve_target, unwrap_piece
 
 __all__ = [
     "_node_ref",
@@ -41,7 +41,7 @@ def generate_execution_code_with_name(
         const_index = {}
     code, names, consts = _core.generate(
         split_gm,
-        resolver=_resolve_target,
+        resolver=resolve_target,
         style="vllm",
         fn_name=fn_name,
         with_submod=with_submod,
@@ -57,7 +57,7 @@ def generate_execution_code(
 ) -> tuple[str, list[str], list[Any]]:
     """``(code, submod_names, consts)`` for ``split_gm``'s stitching graph."""
     code, names, consts = _core.generate(
-        split_gm, resolver=_resolve_target, style="vllm", fn_name="execution_fn", with_submod=True
+        split_gm, resolver=resolve_target, style="vllm", fn_name="execution_fn", with_submod=True
     )
     return code, names, consts
 
@@ -76,7 +76,7 @@ def compile_execution_fn(
     exec_source(code, namespace, tag="fxcodegen-vllm")
     fn = namespace["execution_fn"]
     submods = [
-        _unwrap(submod_callables[name]) if name in submod_callables else None
+        unwrap_piece(submod_callables[name]) if name in submod_callables else None
         for name in submod_names
     ]
     return partial(fn, __vllm_submods__=submods)
@@ -85,4 +85,4 @@ def compile_execution_fn(
 def _node_ref(arg: Any, consts: list[Any], const_index: dict[int, int]) -> str:
     """``arg`` as generated code writes it: nodes by name, literals inline, everything else as
     ``__vllm_consts__[i]`` (appended to ``consts`` and recorded in ``const_index``)."""
-    return _core.node_ref(arg, consts, const_index, _resolve_target, "vllm")
+    return _core.node_ref(arg, consts, const_index, resolve_target, "vllm")

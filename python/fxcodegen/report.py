@@ -1,5 +1,6 @@
 """What the backend records and shows: a :class:`GraphRecord` per graph (counts and
-timings), the Dynamo trace time, the first-run timing and the progress display."""
+timings), the Dynamo trace time, the first-run timing, the progress display and, under
+``TORCH_TRACE``, each graph's artifacts (:mod:`fxcodegen.torch_trace`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
@@ -18,7 +19,12 @@ from fxcodegen import torch_trace
 from fxcodegen.piecewise import Entry, PiecewiseBackend
 from fxcodegen.split import SplitItem
 
+if TYPE_CHECKING:
+    from fxcodegen.cache import Artifact
+
 __all__ = [
+    "trace_graph",
+    "trace_stored_graph",
     "GraphRecord",
     "Progress",
     "mark_returned",
@@ -78,7 +84,7 @@ class GraphRecord:
     key_s: float = 0.0
     """Seconds spent computing the cache key."""
     dispatch_symbol: Any = None
-    """The size the compile ranges apply to (:class:`fxcodegen.traced.RangeDim`: the
+    """The size the compile ranges apply to (:class:`fxcodegen.graph_inputs.RangeDim`: the
     argument and dimension, and its symbol or, where it is static, its value)."""
     split_gm: torch.fx.GraphModule | None = None
     items: list[SplitItem] = field(default_factory=list)
@@ -233,3 +239,94 @@ def timing_first_run(fn: Callable[..., Any], record: GraphRecord) -> Callable[..
         return out
 
     return run
+
+
+# --------------------------------------------------------------------------------------
+# Under TORCH_TRACE: each graph's stitching source, plan and cache decision
+
+
+def _plan(record: GraphRecord) -> dict[str, Any]:
+    pieces: list[dict[str, Any]] = []
+    for it in record.items:
+        if it.is_splitting_graph:
+            pieces.append({"name": it.submod_name, "splitting": True})
+            continue
+        piece = record.pieces.get(it.submod_name)
+        entries = []
+        for e in piece.entries if piece is not None else ():
+            entries.append(
+                {
+                    "entry": e.label,
+                    "how": piece.how.get(e, ""),
+                    "seconds": round(piece.entry_seconds.get(e, 0.0), 4),
+                    "bounds": str(piece.bounds.get(e) or "static"),
+                }
+            )
+        pieces.append({"name": it.submod_name, "splitting": False, "entries": entries})
+    return _plan_head(record) | {"pieces": pieces}
+
+
+def _plan_head(record: GraphRecord) -> dict[str, Any]:
+    return {
+        "graph": record.index,
+        "obtained": record.obtained,
+        "symbolic": record.symbolic,
+        "dispatch": None if record.dispatch_symbol is None else str(record.dispatch_symbol),
+        "num_pieces": record.num_pieces,
+        "num_splitting": record.num_splitting,
+        "num_entries": record.num_entries,
+        "compiled": record.compiled,
+        "reused": record.reused,
+        "shared": record.shared,
+        "loaded": record.loaded,
+    }
+
+
+def trace_stored_graph(
+    record: GraphRecord, art: Artifact, hows: dict[tuple[str, str], str]
+) -> None:
+    """The artifacts of a graph rebuilt from ``art`` without a trace; ``hows`` says how
+    each (piece, entry label) was obtained."""
+    if not torch_trace.enabled():
+        return
+
+    def plan() -> str:
+        pieces = [
+            {
+                "name": p.name,
+                "splitting": False,
+                "entries": [
+                    {"entry": label, "how": hows.get((p.name, label), "")} for label in p.entries
+                ],
+            }
+            for p in art.pieces
+        ]
+        return torch_trace.dump(_plan_head(record) | {"pieces": pieces})
+
+    _emit(record, plan)
+
+
+def trace_graph(record: GraphRecord) -> None:
+    """The stitching source, plan and cache decision of a graph the backend compiled."""
+    if torch_trace.enabled():
+        _emit(record, lambda: torch_trace.dump(_plan(record)))
+
+
+def _emit(record: GraphRecord, plan: Callable[[], str]) -> None:
+    torch_trace.artifact(
+        "fxcodegen_stitching_code", lambda: f"# graph {record.index}\n{record.code}"
+    )
+    torch_trace.artifact("fxcodegen_plan", plan, "json")
+    torch_trace.artifact(
+        "fxcodegen_cache",
+        lambda: torch_trace.dump(
+            {
+                "graph": record.index,
+                "decision": record.cache,
+                "key": record.cache_key,
+                **({"miss": record.miss_reason} if record.miss_reason else {}),
+                **({"program": record.program_key} if record.program_key else {}),
+            }
+        ),
+        "json",
+    )

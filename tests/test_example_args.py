@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 from _piecewise_helpers import capture, graph_with_examples, symbolic_env
-from fxcodegen import concrete_args, fake_args
-from fxcodegen.concrete import is_symbolic
+from fxcodegen import concrete_args
+from fxcodegen.example_args import fake_args, is_symbolic
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 

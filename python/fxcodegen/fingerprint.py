@@ -156,7 +156,7 @@ class _Keyer:
         # constant pool anyway); an object that does not pickle is keyed by identity.
         try:
             return hashlib.sha256(pickle.dumps(a, protocol=4)).hexdigest()
-        except Exception:  # noqa: BLE001 - any pickling failure
+        except Exception:  # any pickling failure
             return ["id", self.identity(a)]
 
     def example(self, v: Any) -> Any:

@@ -11,8 +11,8 @@ from typing import Any
 import sympy
 import torch
 
-from fxcodegen.concrete import fake_args, is_symbolic
 from fxcodegen.entries import Entry
+from fxcodegen.example_args import fake_args, is_symbolic
 from fxcodegen.ranges import ALL_SIZES, OutOfRangeError, normalize_ranges, normalize_sizes
 
 __all__ = [
