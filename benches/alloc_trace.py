@@ -78,20 +78,22 @@ def caller(frames: list[int], base: int, size: int, syms: tuple[list[int], list[
 
 def main() -> None:
     from fxcodegen import _core
-    from fxcodegen.bench import runner
+    from fxcodegen.bench import workloads
     from fxcodegen.bench.cli import parse_sizes
+    from fxcodegen.bench.impls import implementation
+    from fxcodegen.bench.peak_rss import status_kb, trim
 
     shape = sys.argv[1] if len(sys.argv) > 1 else "stitch"
     size = parse_sizes([sys.argv[2]])[0] if len(sys.argv) > 2 else 1000
     lib = ctypes.CDLL(None)
-    fn = runner._FUNCS["fxcodegen"]
-    fn(runner._build(shape, 16 if shape != "model" else 1).gm)
-    wl = runner._build(shape, size)
+    fn = implementation("fxcodegen")
+    fn(workloads.build(shape, 16 if shape != "model" else 1).gm)
+    wl = workloads.build(shape, size)
     page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
     with tempfile.NamedTemporaryFile("r", suffix=".trace") as out:
         lib.fxc_trace_on()  # before the RSS is read: it makes its own records resident
-        runner._trim()
-        anon_before = runner._status_kb("RssAnon")
+        trim()
+        anon_before = status_kb("RssAnon")
         code = fn(wl.gm)[0]
         lib.fxc_trace_off(out.name.encode())
         lines = out.read().splitlines()

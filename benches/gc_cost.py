@@ -22,8 +22,9 @@ import statistics
 import time
 from collections.abc import Callable
 
-from fxcodegen.bench import runner
+from fxcodegen.bench import workloads
 from fxcodegen.bench.cli import parse_sizes
+from fxcodegen.bench.impls import implementation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
             view[:] = ones
 
         settings[f"after the other + {args.flush_mib} MiB"] = flush
-    impls = {name: runner._FUNCS[name] for name in ("fxcodegen", "floor")}
+    impls = {name: implementation(name) for name in ("fxcodegen", "floor")}
     for size in parse_sizes([args.sizes]):
-        wl = runner._build(args.shape, size)
+        wl = workloads.build(args.shape, size)
         times: dict[tuple[str, str], list[int]] = {}
         faults: dict[tuple[str, str], list[int]] = {}
         for _ in range(args.rounds):

@@ -24,19 +24,18 @@ import time
 def child(shape: str, size: int, repeat: int) -> dict:
     import fxcodegen
     from fxcodegen.bench import workloads
-    from fxcodegen.bench.runner import _reset_peak
-    from fxcodegen.bench.runner import _status_kb as _kb
+    from fxcodegen.bench.peak_rss import reset_peak, status_kb
 
     data = fxcodegen.serialize(workloads.SHAPES[shape](size).gm)
     fxcodegen.emit(fxcodegen.serialize(workloads.SHAPES[shape](16).gm))
-    before = _reset_peak()  # as the bench's memory probe starts
+    before = reset_peak()  # as the bench's memory probe starts
     times, peak, source = [], 0, 0
     for i in range(repeat):
         t = time.perf_counter()
         code, _ = fxcodegen.emit(data)
         times.append(time.perf_counter() - t)
         if i == 0:
-            peak, source = (_kb("VmHWM") - before) * 1024, len(code)
+            peak, source = (status_kb("VmHWM") - before) * 1024, len(code)
         del code
     return {
         "shape": shape,

@@ -14,7 +14,17 @@ import fxcodegen
 import pytest
 import torch
 import torch.fx as fx
-from fxcodegen.bench import cli, floor, reference, runner, workloads
+from fxcodegen.bench import (
+    call_overhead,
+    cli,
+    floor,
+    host,
+    impls,
+    peak_rss,
+    reference,
+    runner,
+    workloads,
+)
 
 IMPLS = ["fxcodegen", "reference", "torch.fx", "floor"]
 ROUNDS = 5
@@ -38,7 +48,7 @@ def _rounds(smoke: bool) -> int:
 @pytest.mark.parametrize("shape", ["stitch", "inline"])
 def test_generate(bench: Any, smoke: bool, shape: str, size: int, impl: str) -> None:
     wl = _workload(shape, size)
-    fn = runner.available_impls([impl]).get(impl)
+    fn = impls.available_impls([impl]).get(impl)
     assert fn is not None, f"{impl} is not available"
     bench.group = f"generate {shape} {wl.num_nodes} nodes"
     bench.extra_info["nodes"] = wl.num_nodes
@@ -53,7 +63,7 @@ def test_generate(bench: Any, smoke: bool, shape: str, size: int, impl: str) -> 
 @pytest.mark.parametrize("shape", ["stitch", "inline"])
 def test_compile_source(bench: Any, smoke: bool, shape: str, size: int, impl: str) -> None:
     wl = _workload(shape, size)
-    code = runner.available_impls([impl])[impl](wl.gm)[0]
+    code = impls.available_impls([impl])[impl](wl.gm)[0]
     bench.group = f"compile() {shape} {wl.num_nodes} nodes"
     bench.extra_info["source_bytes"] = len(code)
     bench.pedantic(compile, args=(code, "<bench>", "exec"), rounds=_rounds(smoke), iterations=1)
@@ -63,11 +73,11 @@ def test_compile_source(bench: Any, smoke: bool, shape: str, size: int, impl: st
 def runtime_fns() -> dict[str, Any]:
     layers = 128
     wl = workloads.stitch(2 * layers + 3, shared_child=False)
-    callables = {f"submod_{i}": runner._child_copy() for i in range(layers)}
+    callables = {f"submod_{i}": call_overhead.child_copy() for i in range(layers)}
     code, names, consts = reference.generate_execution_code(wl.gm)
     gen = fxcodegen.generate(wl.gm)
     return {
-        "hand-written": runner._handwritten(
+        "hand-written": call_overhead.handwritten(
             layers, [callables[f"submod_{i}"] for i in range(layers)]
         ),
         "vllm-layout": reference.compile_execution_fn(code, callables, names, consts),
@@ -106,7 +116,7 @@ def test_all_implementations_agree(shape: str) -> None:
     assert _same(fxcodegen.build(wl.gm)(*wl.args), expected)
     assert _same(reference.build(wl.gm)(*wl.args), expected)
     # torch.fx python_code on every graph the benchmark times, exec'd and run.
-    assert len(runner._torch_fx(wl.gm)) == (2 if shape == "inline" else 1)
+    assert len(impls.implementation("torch.fx")(wl.gm)) == (2 if shape == "inline" else 1)
     gen = fxcodegen.generate(wl.gm)
     code, _, consts = reference.generate_execution_code(wl.gm)
     if shape == "inline":
@@ -147,22 +157,22 @@ def test_model_workload_agrees() -> None:
 
 
 def test_runtime_layouts_agree() -> None:
-    rt = runner.runtime(layers=8, number=5, repeat=3)  # raises if any layout disagrees
+    rt = call_overhead.runtime(layers=8, number=5, repeat=3)  # raises if any layout disagrees
     assert set(rt["ns_per_call"]) >= {"hand-written", "vllm layout (reference)", "fxcodegen"}
 
 
 def test_peak_memory_probe() -> None:
-    m = runner.peak_memory("stitch", 200, "fxcodegen")
+    m = peak_rss.peak_memory("stitch", 200, "fxcodegen")
     if m is None:
         pytest.skip("no /proc/self/clear_refs here")
     assert m["nodes"] == 199 and m["source_bytes"] > 0 and m["peak_extra_bytes"] >= 0
 
 
 def test_peak_memory_is_the_median_of_fresh_processes() -> None:
-    if runner.peak_memory("stitch", 30, "fxcodegen") is None:
+    if peak_rss.peak_memory("stitch", 30, "fxcodegen") is None:
         pytest.skip("no /proc/self/clear_refs here")
-    impls = runner.available_impls(["fxcodegen"])
-    row = runner.run_shape("stitch", 30, impls, 1, memory_runs=3)
+    chosen = impls.available_impls(["fxcodegen"])
+    row = runner.run_shape("stitch", 30, chosen, 1, memory_runs=3)
     runs = row.peak_extra_runs["fxcodegen"]
     assert len(runs) == 3 and all(r >= 0 for r in runs)
     assert row.peak_extra_bytes["fxcodegen"] == sorted(runs)[1]
@@ -170,7 +180,7 @@ def test_peak_memory_is_the_median_of_fresh_processes() -> None:
 
 
 def test_page_cost_probe() -> None:
-    cost = runner.page_cost_us()
+    cost = host.page_cost_us()
     assert cost is not None
     # A first write makes the kernel find and zero a page before the write itself.
     assert cost["resident"] > 0 and cost["fresh"] > 0
@@ -202,11 +212,11 @@ def test_cli_writes_table_and_json(tmp_path: Any, capsys: pytest.CaptureFixture[
 def test_measure_adds_rounds_until_min_time() -> None:
     gm = workloads.stitch(4).gm
     calls: list[str] = []
-    impls = {"a": lambda g: calls.append("a"), "b": lambda g: calls.append("b")}
+    fns = {"a": lambda g: calls.append("a"), "b": lambda g: calls.append("b")}
     # No minimum: exactly `repeat` interleaved rounds.
-    assert {k: len(v) for k, v in runner.measure(gm, impls, 3).items()} == {"a": 3, "b": 3}
+    assert {k: len(v) for k, v in runner.measure(gm, fns, 3).items()} == {"a": 3, "b": 3}
     # A minimum no round can reach: rounds stop at the cap, every implementation in each.
-    times = runner.measure(gm, impls, 3, min_time_s=3600, max_rounds=7)
+    times = runner.measure(gm, fns, 3, min_time_s=3600, max_rounds=7)
     assert {k: len(v) for k, v in times.items()} == {"a": 7, "b": 7}
     assert calls.count("a") == calls.count("b") == 10
 
@@ -217,9 +227,9 @@ def test_run_shape_times_torch_fx_after_the_others() -> None:
     def rec(name: str) -> Any:
         return lambda g: calls.append(name)
 
-    impls = {name: rec(name) for name in ("torch.fx", "floor", "fxcodegen")}
-    row = runner.run_shape("stitch", 30, impls, 3, memory=False, compile_repeat=1)
-    timed = calls[len(impls) :]  # after one warm-up call each
+    fns = {name: rec(name) for name in ("torch.fx", "floor", "fxcodegen")}
+    row = runner.run_shape("stitch", 30, fns, 3, memory=False, compile_repeat=1)
+    timed = calls[len(fns) :]  # after one warm-up call each
     # The others alternate, three rounds; torch.fx's three runs come after all of theirs.
     assert timed[:6].count("floor") == timed[:6].count("fxcodegen") == 3
     assert timed[6:] == ["torch.fx"] * 3

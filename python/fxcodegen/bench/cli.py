@@ -182,7 +182,7 @@ def format_runtime(rt: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    from fxcodegen.bench import runner, workloads
+    from fxcodegen.bench import call_overhead, host, impls, runner, workloads
 
     try:
         sizes = parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown shape(s) {bad}; choose from {ALL_SHAPES}", file=sys.stderr)
         return 2
     try:
-        impls = runner.available_impls([s.strip() for s in args.impls.split(",") if s.strip()])
+        chosen = impls.available_impls([s.strip() for s in args.impls.split(",") if s.strip()])
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -205,14 +205,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quiet:
             print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    missing = runner.fxcodegen_error()
+    missing = impls.fxcodegen_error()
     if missing is not None:
         log(f"fxcodegen core not importable ({missing}); timing the baselines only")
     rows: list[dict[str, Any]] = []
     result: dict[str, Any] = {
         "command": "python -m fxcodegen bench "
         + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": runner.machine(),
+        "machine": host.machine(),
         "repeat": args.repeat,
         "min_time_s": args.min_time,
         "rows": rows,
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             row = runner.run_shape(
                 shape,
                 size,
-                impls,
+                chosen,
                 args.repeat,
                 memory=not args.no_memory,
                 min_time_s=args.min_time,
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         print(LEGEND)
     if "runtime" in shapes:
         log(f"runtime over {args.runtime_layers} children")
-        result["runtime"] = runner.runtime(args.runtime_layers)
+        result["runtime"] = call_overhead.runtime(args.runtime_layers)
         print()
         print(format_runtime(result["runtime"]))
     if args.json:

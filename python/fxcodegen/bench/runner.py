@@ -1,11 +1,4 @@
-"""Time fxcodegen against its baselines, side by side in one process.
-
-Implementations (each turns a workload's graph into source, or reads it):
-
-- ``fxcodegen``: :func:`fxcodegen.generate`;
-- ``reference``: :func:`fxcodegen.bench.reference.generate_execution_code` (vLLM's algorithm);
-- ``torch.fx``: ``Graph.python_code`` on the stitching graph and on every inlined child;
-- ``floor``: :func:`fxcodegen.bench.floor.read_graph`.
+"""Time the implementations (:mod:`~fxcodegen.bench.impls`) side by side in one process.
 
 Runs are interleaved (one run of each implementation per round, the order rotating), and the
 median is reported, so slow drifts of a shared machine hit every implementation alike. The
@@ -13,109 +6,33 @@ cyclic GC stays on, as in real use, but is collected before each run. torch.fx, 
 compares with, is timed after the others' rounds, in the same process: its ``python_code`` run
 on a graph leaves the floor's next read of that graph faster, which would flatter the floor.
 
-Peak memory is measured in fresh subprocesses (``python -m fxcodegen.bench.runner memory ...``),
-the median of three up to 200k nodes: the RSS high-water mark (``VmHWM``) is reset through
-``/proc/self/clear_refs`` right before the call, so allocations of the Rust core, which
-``tracemalloc`` cannot see, are counted.
+:func:`run_shape` makes one row of the table: these timings, the size and ``compile()`` time of
+the emitted source, the page costs of :func:`~fxcodegen.bench.host.page_cost_us` around the
+runs, and the peak memory of fresh processes (:mod:`~fxcodegen.bench.peak_rss`), the median of
+three up to 200k nodes.
 """
 
 from __future__ import annotations
 
-import ctypes
 import gc
-import json
-import mmap
-import os
-import platform
 import resource
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
 import torch.fx as fx
 
-from fxcodegen.bench import floor, reference, workloads
-from fxcodegen.bench.workloads import Workload
+from fxcodegen.bench import workloads
+from fxcodegen.bench.host import page_cost_us
+from fxcodegen.bench.impls import implementation
+from fxcodegen.bench.peak_rss import peak_memory
 
-__all__ = [
-    "APART",
-    "IMPLS",
-    "Row",
-    "available_impls",
-    "compile_seconds",
-    "machine",
-    "measure",
-    "peak_memory",
-    "run_shape",
-    "runtime",
-]
+__all__ = ["APART", "Row", "compile_seconds", "measure", "run_shape"]
 
-IMPLS = ("fxcodegen", "reference", "torch.fx", "floor")
 APART = ("torch.fx",)
 """Timed in rounds of their own, after the others' (see the module's docstring)."""
-
-
-def _fxcodegen(gm: fx.GraphModule) -> Any:
-    import fxcodegen
-
-    return fxcodegen.generate(gm)
-
-
-def _reference(gm: fx.GraphModule) -> Any:
-    return reference.generate_execution_code(gm)
-
-
-def _graphs(gm: fx.GraphModule) -> list[fx.Graph]:
-    out = [gm.graph]
-    seen: set[str] = set()
-    for node in gm.graph.nodes:
-        if node.op == "call_module" and node.target not in seen:
-            seen.add(node.target)
-            child = gm._modules.get(node.target)
-            if isinstance(child, fx.GraphModule):
-                out += _graphs(child)
-    return out
-
-
-def _torch_fx(gm: fx.GraphModule) -> Any:
-    return [g.python_code(root_module="self") for g in _graphs(gm)]
-
-
-def _floor(gm: fx.GraphModule) -> Any:
-    return floor.read_graph(gm)
-
-
-_FUNCS: dict[str, Callable[[fx.GraphModule], Any]] = {
-    "fxcodegen": _fxcodegen,
-    "reference": _reference,
-    "torch.fx": _torch_fx,
-    "floor": _floor,
-}
-
-
-def fxcodegen_error() -> str | None:
-    """Why ``import fxcodegen`` fails (the compiled core is missing), or None."""
-    try:
-        import fxcodegen  # noqa: F401
-    except ImportError as e:
-        return str(e)
-    return None
-
-
-def available_impls(names: list[str] | tuple[str, ...] = IMPLS) -> dict[str, Callable[..., Any]]:
-    out = {}
-    for name in names:
-        if name not in _FUNCS:
-            raise ValueError(f"unknown implementation {name!r} (choose from {', '.join(IMPLS)})")
-        if name == "fxcodegen" and fxcodegen_error() is not None:
-            continue
-        out[name] = _FUNCS[name]
-    return out
 
 
 def measure(
@@ -170,71 +87,6 @@ def compile_seconds(code: str, repeat: int, budget_s: float = 30.0) -> float:
     return statistics.median(times)
 
 
-# --- peak memory, in a subprocess ------------------------------------------------------------
-
-
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
-
-
-def _trim() -> None:
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        pass
-
-
-def _reset_peak() -> int:
-    """Hands freed memory back and resets the RSS high-water mark (``VmHWM``) to the RSS, which it
-    returns in KiB: what a call's peak extra memory is measured from."""
-    _trim()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current RSS
-    return _status_kb("VmRSS")
-
-
-def _build(shape: str, size: int) -> Workload:
-    if shape == "model":
-        return workloads.model(size)
-    return workloads.SHAPES[shape](size)
-
-
-def _memory_child(shape: str, size: int, impl: str) -> dict[str, Any]:
-    fn = _FUNCS[impl]
-    fn(_build(shape, 16).gm if shape != "model" else _build(shape, 1).gm)  # warm caches
-    wl = _build(shape, size)
-    before = _reset_peak()
-    result = fn(wl.gm)
-    peak = _status_kb("VmHWM")
-    code = result[0] if isinstance(result, tuple) else None
-    return {
-        "shape": shape,
-        "size": size,
-        "impl": impl,
-        "nodes": wl.num_nodes,
-        "rss_before_kb": before,
-        "peak_extra_bytes": (peak - before) * 1024,
-        "source_bytes": len(code.encode()) if isinstance(code, str) else None,
-    }
-
-
-def peak_memory(shape: str, size: int, impl: str, timeout: float = 1800) -> dict[str, Any] | None:
-    """Peak extra RSS of one ``impl`` run on a fresh process, or None where it cannot be read."""
-    if not os.path.exists("/proc/self/clear_refs"):
-        return None
-    cmd = [sys.executable, "-m", "fxcodegen.bench.runner", "memory", shape, str(size), impl]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        return None
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 # --- one row of the table ----------------------------------------------------------------------
 
 
@@ -258,7 +110,7 @@ class Row:
     """Median page faults of a timed run (fresh pages written)."""
     page_us: dict[str, dict[str, float] | None] = field(default_factory=dict)
     """What a fresh and a resident page cost ``before`` and ``after`` the timed runs
-    (:func:`page_cost_us`): the machine's price of fresh memory, which drifts."""
+    (:func:`~fxcodegen.bench.host.page_cost_us`): the machine's price of fresh memory, which drifts."""
     meta: dict[str, Any] = field(default_factory=dict)
 
     def ratio(self, a: str, b: str) -> float | None:
@@ -294,10 +146,10 @@ def run_shape(
     processes (default: 3 up to 200k nodes, where one process's peak moves with the heap's
     layout, by up to half the source at 1k-10k nodes; 1 above)."""
     t0 = time.perf_counter()
-    wl = _build(shape, size)
+    wl = workloads.build(shape, size)
     log(f"{shape} {size}: built {wl.num_nodes} nodes in {time.perf_counter() - t0:.1f}s")
     # Warm-up on a small graph of the same shape (first-call imports and caches).
-    small = wl if shape == "model" else _build(shape, 64)
+    small = wl if shape == "model" else workloads.build(shape, 64)
     for fn in impls.values():
         fn(small.gm)
     row = Row(shape, size, wl.num_nodes, meta={k: v for k, v in wl.meta.items() if k != "expected"})
@@ -317,10 +169,11 @@ def run_shape(
         row.ns_per_node[name] = med * 1e9 / wl.num_nodes
     log(f"{shape} {size}: timed in {time.perf_counter() - t0:.1f}s")
     crep = compile_repeat or (3 if wl.num_nodes <= 200_000 else 1)
-    for name, gen in (("fxcodegen", _fxcodegen), ("reference", _reference)):
+    # Source, pool and compile() time come from the real generators, whatever ``impls`` holds.
+    for name in ("fxcodegen", "reference"):
         if name not in impls:
             continue
-        code, _, consts = gen(wl.gm)
+        code, _, consts = implementation(name)(wl.gm)
         row.pool[name] = len(consts)
         row.source_bytes[name] = len(code.encode())
         row.compile_ns_per_node[name] = compile_seconds(code, crep) * 1e9 / wl.num_nodes
@@ -336,160 +189,3 @@ def run_shape(
                     row.peak_extra_bytes[name] = int(statistics.median(peaks))
     log(f"{shape} {size}: done in {time.perf_counter() - t0:.1f}s")
     return row
-
-
-# --- runtime of the compiled stitching function ---------------------------------------------
-
-
-def _handwritten(layers: int, children: list[Callable[..., Any]]) -> Callable[..., Any]:
-    """What a person would write: direct calls of children bound as globals, no list index."""
-    lines = ["def handwritten(x, s0):", "    v = x"]
-    for i in range(layers):
-        lines.append(f"    v = c{i}(v, x, s0, scale=0.5, sizes=[s0, 16])[0]")
-    lines.append("    return v")
-    ns: dict[str, Any] = {f"c{i}": c for i, c in enumerate(children)}
-    exec(compile("\n".join(lines) + "\n", "<handwritten>", "exec"), ns)  # noqa: S102
-    return ns["handwritten"]
-
-
-def _time_call(fn: Callable[..., Any], args: tuple[Any, ...], number: int) -> float:
-    t0 = time.perf_counter_ns()
-    for _ in range(number):
-        fn(*args)
-    return (time.perf_counter_ns() - t0) / number
-
-
-def runtime(layers: int = 128, number: int = 2000, repeat: int = 31) -> dict[str, Any]:
-    """ns per call of the stitching function over ``layers`` trivial opaque children, for each
-    layout, and the ratio to the hand-written function. Every variant is checked to return the
-    same value first."""
-    wl = workloads.stitch(2 * layers + 3, shared_child=False)
-    names = [f"submod_{i}" for i in range(layers)]
-    children = [_child_copy() for _ in range(layers)]
-    callables = dict(zip(names, children, strict=True))
-    fns: dict[str, Callable[..., Any]] = {"hand-written": _handwritten(layers, children)}
-    code, ref_names, consts = reference.generate_execution_code(wl.gm)
-    fns["vllm layout (reference)"] = reference.compile_execution_fn(
-        code, callables, ref_names, consts
-    )
-    if fxcodegen_error() is None:
-        import fxcodegen
-
-        gen = fxcodegen.generate(wl.gm)
-        fns["fxcodegen"] = fxcodegen.compile_execution_fn(
-            gen.code, callables, gen.submod_names, gen.consts
-        )
-        try:
-            from fxcodegen.compat import vllm as compat
-        except ImportError:
-            compat = None
-        if compat is not None:
-            c_code, c_names, c_consts = compat.generate_execution_code(wl.gm)
-            fns["fxcodegen.compat.vllm"] = compat.compile_execution_fn(
-                c_code, callables, c_names, c_consts
-            )
-    x, s = torch.zeros(2), 4
-    for name, fn in fns.items():
-        if fn(x, s) is not x:
-            raise AssertionError(f"{name} does not return its input through {layers} children")
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    order = list(fns)
-    gc.collect()
-    for r in range(repeat):
-        for name in order[r % len(order) :] + order[: r % len(order)]:
-            samples[name].append(_time_call(fns[name], (x, s), number))
-    ns = {name: statistics.median(v) for name, v in samples.items()}
-    best = {name: min(v) for name, v in samples.items()}
-    return {
-        "layers": layers,
-        "calls_per_sample": number,
-        "samples": repeat,
-        "ns_per_call": ns,
-        "ratio_to_handwritten": {name: v / ns["hand-written"] for name, v in ns.items()},
-        # The fastest sample: less sensitive to other load on a shared machine.
-        "ns_per_call_min": best,
-        "ratio_to_handwritten_min": {name: v / best["hand-written"] for name, v in best.items()},
-    }
-
-
-def _child_copy() -> Callable[..., Any]:
-    # A distinct function object per child, like distinct compiled pieces.
-    f = workloads.trivial_piece
-    return type(f)(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
-
-
-def page_cost_us(mib: int = 16, repeat: int = 3) -> dict[str, float] | None:
-    """What writing a 4 KiB page costs now, in µs (medians of ``repeat`` probes of ``mib``
-    MiB): ``fresh`` for a page first touched (the kernel finding, zeroing and mapping it, on
-    top of the write), ``resident`` for one written again. Large graphs write tens of MB of
-    fresh memory per call, and on a VM a fresh page can cost from a few to tens of µs, moving
-    from minute to minute. None where the probe cannot run."""
-    fresh: list[float] = []
-    resident: list[float] = []
-    n = mib << 20
-    pages = n // 4096
-    for _ in range(repeat):
-        try:
-            m = mmap.mmap(-1, n)
-        except (OSError, ValueError):  # pragma: no cover
-            return None
-        try:
-            view = ctypes.c_char.from_buffer(m)
-            addr = ctypes.addressof(view)
-            t0 = time.perf_counter()
-            ctypes.memset(addr, 1, n)
-            t1 = time.perf_counter()
-            ctypes.memset(addr, 2, n)
-            t2 = time.perf_counter()
-            del view
-        finally:
-            m.close()
-        resident.append((t2 - t1) / pages * 1e6)
-        fresh.append((t1 - t0) / pages * 1e6 - resident[-1])
-    return {"fresh": statistics.median(fresh), "resident": statistics.median(resident)}
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:  # pragma: no cover
-        pass
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):  # pragma: no cover
-        mem = None
-    info = {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_bytes": mem,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-    }
-    if fxcodegen_error() is None:
-        import fxcodegen
-        from fxcodegen import _core
-
-        info["fxcodegen"] = fxcodegen.__version__
-        st = os.stat(_core.__file__)
-        info["core"] = {
-            "file": os.path.basename(_core.__file__),
-            "bytes": st.st_size,
-            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st.st_mtime)),
-            # Set by the core if it says how it was built (not every build does).
-            "debug_assertions": getattr(_core, "__debug_build__", None),
-        }
-    return info
-
-
-if __name__ == "__main__":
-    # python -m fxcodegen.bench.runner memory SHAPE SIZE IMPL  -> one JSON line
-    if len(sys.argv) == 5 and sys.argv[1] == "memory":
-        print(json.dumps(_memory_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])))
-    else:
-        sys.exit("usage: python -m fxcodegen.bench.runner memory SHAPE SIZE IMPL")

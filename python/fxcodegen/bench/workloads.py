@@ -32,6 +32,7 @@ __all__ = [
     "SHAPES",
     "Piece",
     "Workload",
+    "build",
     "count_nodes",
     "inline",
     "model",
@@ -273,3 +274,11 @@ def model(
 
 SHAPES: dict[str, Callable[[int], Workload]] = {"stitch": stitch, "inline": inline}
 """Size-parameterised shapes (``model`` is parameterised by layers instead)."""
+
+
+def build(shape: str, size: int) -> Workload:
+    """The workload of ``shape`` (a key of :data:`SHAPES`, or ``"model"``) at ``size`` (nodes;
+    layers for ``model``)."""
+    if shape == "model":
+        return model(size)
+    return SHAPES[shape](size)
