@@ -173,7 +173,7 @@ def compile_execution_fn(
 ) -> Callable[..., Any]:
     """vLLM's layout: exec the code, bind the children as a list through ``functools.partial``."""
     ns: dict[str, Any] = {"__vllm_consts__": consts or [], "torch": torch, "operator": operator}
-    exec(compile(code, "<reference-codegen>", "exec"), ns)  # noqa: S102
+    exec(compile(code, "<reference-codegen>", "exec"), ns)
     submods = [submod_callables.get(name) for name in submod_names]
     return functools.partial(ns["execution_fn"], __vllm_submods__=submods)
 
