@@ -102,15 +102,7 @@ fn functions(p: &Program) -> Vec<Option<u32>> {
 /// Emits the module source of a program that passed validation and [`check_layout`]: the
 /// header, each inlined graph's function once, then the entry function.
 pub fn emit(p: &Program, layout: &Layout) -> String {
-    let mut e = Emitter {
-        p,
-        layout,
-        reserved: layout.reserved(),
-        out: String::new(),
-        fn_of: functions(p),
-        params: FxHashMap::default(),
-        floats: Floats::default(),
-    };
+    let mut e = Emitter::new(p, layout);
     if layout.header {
         e.out.push_str("import torch\nimport operator\n");
     }
@@ -141,11 +133,7 @@ pub fn size_bound(p: &Program, layout: &Layout) -> u64 {
                 Target::Param(s) | Target::Name(s) | Target::Method(s) => s.len as u64,
                 _ => 40,
             };
-            let args = p.slice(node.all_args());
-            total += args
-                .iter()
-                .map(|&a| 2 + arg_bound(p, a, &names))
-                .sum::<u64>();
+            total += args_bound(p, p.slice(node.all_args()), &names);
             // Keys passed as identifiers of an inlined child's parameters.
             if node.op == Op::CallModule && gi + 1 < p.graphs.len() {
                 total += node.kwargs as u64 * 4 * longest_name(p, layout);
@@ -176,21 +164,26 @@ fn longest_name(p: &Program, layout: &Layout) -> u64 {
     longest.max().unwrap_or(0) as u64 + 24 + layout.style.prefix().len() as u64
 }
 
+/// Each argument's bound and a separator.
+fn args_bound(p: &Program, args: &[Arg], names: &Names) -> u64 {
+    args.iter().map(|&a| 2 + arg_bound(p, a, names)).sum()
+}
+
 fn arg_bound(p: &Program, a: Arg, names: &Names) -> u64 {
     match a {
         Arg::Node(i) => names.get(i).len() as u64,
         Arg::BigInt(k) => p.span(k).len as u64,
         Arg::Str(k) | Arg::Bytes(k) => 3 + 4 * p.span(k).len as u64,
-        Arg::Tuple(k) | Arg::List(k) | Arg::Dict(k) => {
-            let items = p.items(k);
-            3 + items
-                .iter()
-                .map(|&a| 2 + arg_bound(p, a, names))
-                .sum::<u64>()
-        }
+        Arg::Tuple(k) | Arg::List(k) | Arg::Dict(k) => 3 + args_bound(p, p.items(k), names),
         _ => 40,
     }
 }
+
+/// How a generated global is written, `prefix{i}close`: native, then vLLM.
+type Global = [(&'static str, &'static str); 2];
+const SUBMOD: Global = [("__fx_s", ""), ("__vllm_submods__[", "]")];
+const CONST: Global = [("__fx_c", ""), ("__vllm_consts__[", "]")];
+const INLINED: Global = [("__fx_f", ""), ("__vllm_inlined_submods__", "")];
 
 struct Emitter<'a> {
     /// The program being written.
@@ -202,7 +195,8 @@ struct Emitter<'a> {
     fn_of: Vec<Option<u32>>,
     /// `(traced parameter name, identifier)` of an inlined child's placeholders, by graph.
     params: FxHashMap<u32, Rc<Vec<(String, String)>>>,
-    floats: Floats,
+    /// Float texts by bits.
+    floats: FxHashMap<u64, Box<str>>,
 }
 
 /// The identifier keyword `key` is passed under, or None to pass it through `**{...}`: for an
@@ -223,6 +217,14 @@ fn key_ident<'s>(
     }
 }
 
+/// A number, which needs parentheses as a receiver (`(1).m()`, `(1)[i]`).
+fn is_number(a: Arg) -> bool {
+    matches!(
+        a,
+        Arg::Int(_) | Arg::Long(_) | Arg::BigInt(_) | Arg::Float(_)
+    )
+}
+
 fn is_call(op: Op) -> bool {
     matches!(op, Op::CallModule | Op::CallFunction | Op::CallMethod)
 }
@@ -239,38 +241,35 @@ fn item_of(p: &Program, node: &Node) -> Option<u32> {
 }
 
 impl<'a> Emitter<'a> {
+    fn new(p: &'a Program, layout: &'a Layout<'a>) -> Self {
+        Emitter {
+            p,
+            layout,
+            reserved: layout.reserved(),
+            out: String::new(),
+            fn_of: functions(p),
+            params: FxHashMap::default(),
+            floats: FxHashMap::default(),
+        }
+    }
+
     /// Appends `s` to the source.
     fn put(&mut self, s: &str) {
         self.out.push_str(s);
     }
 
-    /// `prefix`, `v` in decimal, `close`.
-    fn put_indexed(&mut self, prefix: &str, v: u32, close: &str) {
-        self.out.push_str(prefix);
-        self.out.push_str(itoa::Buffer::new().format(v));
-        self.out.push_str(close);
+    /// Global `i` of a kind, in the layout's style.
+    fn put_global(&mut self, global: Global, i: u32) {
+        let (prefix, close) = global[(self.layout.style == Style::Vllm) as usize];
+        self.put(prefix);
+        self.put(itoa::Buffer::new().format(i));
+        self.put(close);
     }
 
+    /// The function of inlined graph `g`.
     fn put_inline_name(&mut self, g: u32) {
         let i = self.fn_of[g as usize].unwrap_or(g);
-        match self.layout.style {
-            Style::Native => self.put_indexed("__fx_f", i, ""),
-            Style::Vllm => self.put_indexed("__vllm_inlined_submods__", i, ""),
-        }
-    }
-
-    fn put_submod(&mut self, i: u32) {
-        match self.layout.style {
-            Style::Native => self.put_indexed("__fx_s", i, ""),
-            Style::Vllm => self.put_indexed("__vllm_submods__[", i, "]"),
-        }
-    }
-
-    fn put_const(&mut self, k: u32) {
-        match self.layout.style {
-            Style::Native => self.put_indexed("__fx_c", k, ""),
-            Style::Vllm => self.put_indexed("__vllm_consts__[", k, "]"),
-        }
+        self.put_global(INLINED, i);
     }
 
     /// `def name(params):`, the statements, and `return None` when the graph has no output.
@@ -304,11 +303,8 @@ impl<'a> Emitter<'a> {
         }
         let vllm_root = inline.is_none() && self.layout.style == Style::Vllm;
         if vllm_root && self.layout.with_submod {
-            self.put(if first {
-                "*, __vllm_submods__"
-            } else {
-                ", *, __vllm_submods__"
-            });
+            self.put(if first { "" } else { ", " });
+            self.put("*, __vllm_submods__");
         }
         self.put("):\n");
         self.statements(nodes, &names, &live);
@@ -390,10 +386,10 @@ impl<'a> Emitter<'a> {
         let args = p.slice(node.args);
         let kwargs = p.slice(node.kwargs());
         match (node.op, node.target) {
-            (Op::GetAttr, Target::Const(k)) => self.put_const(k),
+            (Op::GetAttr, Target::Const(k)) => self.put_global(CONST, k),
             (Op::CallModule, Target::Submod(i)) => match p.submods[i as usize].kind {
                 SubmodKind::Opaque => {
-                    self.put_submod(i);
+                    self.put_global(SUBMOD, i);
                     self.put_call(args, kwargs, None, names);
                 }
                 SubmodKind::Inline(g) => {
@@ -405,15 +401,8 @@ impl<'a> Emitter<'a> {
             (Op::CallFunction, Target::Getitem)
                 if args.len() == 2
                     && kwargs.is_empty()
-                    && !matches!(
-                        args[0],
-                        Arg::None
-                            | Arg::Bool(_)
-                            | Arg::Int(_)
-                            | Arg::Long(_)
-                            | Arg::BigInt(_)
-                            | Arg::Float(_)
-                    ) =>
+                    && !matches!(args[0], Arg::None | Arg::Bool(_))
+                    && !is_number(args[0]) =>
             {
                 self.put_receiver(args[0], names);
                 self.put("[");
@@ -423,7 +412,7 @@ impl<'a> Emitter<'a> {
             (Op::CallFunction, t) => {
                 match t {
                     Target::Name(s) => self.put(p.str(s)),
-                    Target::Const(k) => self.put_const(k),
+                    Target::Const(k) => self.put_global(CONST, k),
                     _ => self.put("operator.getitem"),
                 }
                 self.put_call(args, kwargs, None, names);
@@ -439,12 +428,9 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// An object in receiver position (`x.m()`, `x[i]`): numbers get parentheses.
+    /// An object in receiver position (`x.m()`, `x[i]`).
     fn put_receiver(&mut self, a: Arg, names: &Names) {
-        let number = matches!(
-            a,
-            Arg::Int(_) | Arg::Long(_) | Arg::BigInt(_) | Arg::Float(_)
-        );
+        let number = is_number(a);
         if number {
             self.put("(");
         }
@@ -520,94 +506,70 @@ impl<'a> Emitter<'a> {
             .clone()
     }
 
+    /// One argument value as generated code writes it.
     fn put_arg(&mut self, a: Arg, names: &Names) {
-        put_arg(
-            &mut self.out,
-            &mut self.floats,
-            self.p,
-            self.layout.style,
-            a,
-            names,
-        );
-    }
-}
-
-/// Float texts by bits.
-type Floats = FxHashMap<u64, Box<str>>;
-
-/// One argument value as generated code writes it.
-fn put_arg(
-    out: &mut String,
-    floats: &mut Floats,
-    p: &Program,
-    style: Style,
-    a: Arg,
-    names: &Names,
-) {
-    match a {
-        Arg::Node(i) => out.push_str(names.get(i)),
-        Arg::None => out.push_str("None"),
-        Arg::Bool(b) => out.push_str(if b { "True" } else { "False" }),
-        Arg::Int(v) => literal::int(out, v as i64),
-        Arg::Long(k) => literal::int(out, p.number(k) as i64),
-        Arg::BigInt(k) => out.push_str(p.str(p.span(k))),
-        Arg::Float(k) => {
-            // Floats repeat (scales, epsilons): each distinct one is formatted once.
-            let v = p.float_of(k);
-            let text = floats.entry(v.to_bits()).or_insert_with(|| {
-                let mut t = String::new();
-                literal::float(&mut t, v);
-                t.into_boxed_str()
-            });
-            out.push_str(text);
-        }
-        Arg::Str(k) => literal::str_repr(out, p.str(p.span(k))),
-        Arg::Bytes(k) => literal::bytes_repr(out, p.raw(p.span(k))),
-        Arg::Const(k) => {
-            let (prefix, close) = match style {
-                Style::Native => ("__fx_c", ""),
-                Style::Vllm => ("__vllm_consts__[", "]"),
-            };
-            out.push_str(prefix);
-            out.push_str(itoa::Buffer::new().format(k));
-            out.push_str(close);
-        }
-        Arg::Tuple(k) | Arg::List(k) => {
-            let items = p.items(k);
-            let tuple = matches!(a, Arg::Tuple(_));
-            out.push(if tuple { '(' } else { '[' });
-            for (n, &item) in items.iter().enumerate() {
-                if n > 0 {
-                    out.push_str(", ");
-                }
-                put_arg(out, floats, p, style, item, names);
+        let p = self.p;
+        match a {
+            Arg::Node(i) => self.put(names.get(i)),
+            Arg::None => self.put("None"),
+            Arg::Bool(b) => self.put(if b { "True" } else { "False" }),
+            Arg::Int(v) => literal::int(&mut self.out, v as i64),
+            Arg::Long(k) => literal::int(&mut self.out, p.number(k) as i64),
+            Arg::BigInt(k) => self.put(p.str(p.span(k))),
+            Arg::Float(k) => {
+                // Floats repeat (scales, epsilons): each distinct one is formatted once.
+                let v = p.float_of(k);
+                let text = self.floats.entry(v.to_bits()).or_insert_with(|| {
+                    let mut t = String::new();
+                    literal::float(&mut t, v);
+                    t.into_boxed_str()
+                });
+                self.out.push_str(text);
             }
-            out.push_str(match (tuple, items.len()) {
-                (true, 1) => ",)",
-                (true, _) => ")",
-                _ => "]",
-            });
-        }
-        Arg::Dict(k) => {
-            out.push('{');
-            for (n, kv) in p.items(k).chunks_exact(2).enumerate() {
-                if n > 0 {
-                    out.push_str(", ");
+            Arg::Str(k) => literal::str_repr(&mut self.out, p.str(p.span(k))),
+            Arg::Bytes(k) => literal::bytes_repr(&mut self.out, p.raw(p.span(k))),
+            Arg::Const(k) => self.put_global(CONST, k),
+            Arg::Tuple(k) | Arg::List(k) => {
+                let items = p.items(k);
+                let tuple = matches!(a, Arg::Tuple(_));
+                self.put(if tuple { "(" } else { "[" });
+                for (n, &item) in items.iter().enumerate() {
+                    if n > 0 {
+                        self.put(", ");
+                    }
+                    self.put_arg(item, names);
                 }
-                put_arg(out, floats, p, style, kv[0], names);
-                out.push_str(": ");
-                put_arg(out, floats, p, style, kv[1], names);
+                self.put(match (tuple, items.len()) {
+                    (true, 1) => ",)",
+                    (true, _) => ")",
+                    _ => "]",
+                });
             }
-            out.push('}');
+            Arg::Dict(k) => {
+                self.put("{");
+                for (n, kv) in p.items(k).chunks_exact(2).enumerate() {
+                    if n > 0 {
+                        self.put(", ");
+                    }
+                    self.put_arg(kv[0], names);
+                    self.put(": ");
+                    self.put_arg(kv[1], names);
+                }
+                self.put("}");
+            }
         }
     }
 }
 
 /// One value as it would appear in generated code (vLLM's `_node_ref`).
 pub fn format_arg(p: &Program, a: Arg, names: &Names, style: Style) -> String {
-    let mut out = String::new();
-    put_arg(&mut out, &mut Floats::default(), p, style, a, names);
-    out
+    let layout = Layout {
+        style,
+        ..Layout::native()
+    };
+    let mut e = Emitter::new(p, &layout);
+    e.put_arg(a, names);
+    e.out
 }
 
 #[cfg(test)]

@@ -19,93 +19,59 @@ pub enum Error {
     Invalid(Reason),
 }
 
-/// Why something cannot become code.
+/// Why something cannot become code; each reason's message (`Display`, below) says what it
+/// means.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reason {
-    /// The node's `op` is no torch.fx op.
     UnknownOp(String),
-    /// The node's name is not a str.
     NameNotStr,
-    /// A placeholder's, call_method's, call_module's or get_attr's target is not a str.
     TargetNotStr,
-    /// A call_function target is a str: torch.fx calls objects, so it would fail when called.
     StringCallTarget(String),
-    /// The node's `args` is not a tuple.
     ArgsNotTuple,
-    /// The node's `kwargs` is not a dict.
     KwargsNotDict,
-    /// A keyword key is neither a str nor a pooled object.
     KeyNotStr,
-    /// The same keyword twice on one call.
     DuplicateKeyword(String),
-    /// More keyword arguments than a node may have.
     TooManyKwargs,
-    /// An argument is a node that is not an earlier value of the same graph.
     NotEarlierNode(String),
-    /// Arguments (or graph modules) nest deeper than [`crate::ir::MAX_DEPTH`].
     TooDeep,
-    /// call_module names no child.
     MissingChild(String),
-    /// get_attr names no attribute.
     MissingAttr(String),
-    /// A `*args` placeholder.
     Variadic,
-    /// A placeholder with more than one default.
     PlaceholderArity,
-    /// A placeholder default that refers to a node (it would be evaluated at definition time).
     DefaultIsNode(String),
-    /// A placeholder without default after one with a default.
     DefaultOrder,
-    /// The output node is not the last node.
     OutputNotLast,
-    /// The output node has more than one argument.
     OutputArity,
-    /// get_attr with arguments.
     GetAttrArgs,
-    /// call_method without the object to call it on.
     MethodWithoutObject,
-    /// A method name that is not an identifier, or one starting with `_` in untrusted input.
     BadMethodName,
-    /// A target of the wrong kind for the op.
     TargetMismatch,
-    /// A call name generated code may not write.
     CallName(String, crate::pyident::CallRule),
-    /// An inlined child's graph that does not come after its caller's.
     ChildOrder,
-    /// An index past the end of what it indexes.
     Index { what: &'static str, index: u64 },
-    /// Integer text that Python would not read back (`-007`, over 4,300 digits).
     BadInt,
-    /// A reference into the program's arenas that is out of range.
     BadSpan,
-    /// The entry function's name is not a usable identifier.
     BadFnName(String),
-    /// The style is neither "native" nor "vllm".
     UnknownStyle(String),
-    /// call_module where the layout has no submodules.
     CallModuleNotAllowed { target: String, inlined: bool },
-    /// The source would be larger than the bound for this input.
     TooLarge { bound: u64, limit: u64 },
-    /// The serialized bytes do not start with the magic.
     BadMagic,
-    /// A format version this reader does not know: found, and the one it reads.
     Version(u8, u8),
-    /// The bytes end early.
     UnexpectedEnd,
-    /// A varint of more than 64 bits.
     VarintOverflow,
-    /// A count or length larger than the bytes left.
     Exceeds(u64),
-    /// Text that is not UTF-8.
     NotUtf8,
-    /// An unknown tag byte: what it tags, and the byte.
     UnknownTag(&'static str, u8),
-    /// Bytes left over after the program.
     Trailing(usize),
-    /// A program with no graph.
     NoGraph,
-    /// The graph's node list does not lead back to its start.
     BrokenNodeList,
+}
+
+impl Reason {
+    pub fn index(what: &'static str, index: impl Into<u64>) -> Reason {
+        let index = index.into();
+        Reason::Index { what, index }
+    }
 }
 
 /// The crate's result alias.
@@ -114,62 +80,57 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use crate::pyident::CallRule;
+        use Reason::*;
         match self {
-            Reason::UnknownOp(op) => write!(f, "unknown op {op:?}"),
-            Reason::NameNotStr => f.write_str("the name is not a str"),
-            Reason::TargetNotStr => f.write_str("the target is not a str"),
-            Reason::StringCallTarget(t) => write!(
+            UnknownOp(op) => write!(f, "unknown op {op:?}"),
+            NameNotStr => f.write_str("the name is not a str"),
+            TargetNotStr => f.write_str("the target is not a str"),
+            StringCallTarget(t) => write!(
                 f,
                 "call_function target is the str {t:?}, not a callable (torch.fx calls the target \
                  object; use the function itself)"
             ),
-            Reason::ArgsNotTuple => f.write_str("args is not a tuple"),
-            Reason::KwargsNotDict => f.write_str("kwargs is not a dict"),
-            Reason::KeyNotStr => f.write_str("a keyword argument's key is not a str"),
-            Reason::DuplicateKeyword(k) => write!(f, "keyword argument {k:?} is given twice"),
-            Reason::TooManyKwargs => f.write_str("more than 65535 keyword arguments"),
-            Reason::NotEarlierNode(n) => write!(
+            ArgsNotTuple => f.write_str("args is not a tuple"),
+            KwargsNotDict => f.write_str("kwargs is not a dict"),
+            KeyNotStr => f.write_str("a keyword argument's key is not a str"),
+            DuplicateKeyword(k) => write!(f, "keyword argument {k:?} is given twice"),
+            TooManyKwargs => f.write_str("more than 65535 keyword arguments"),
+            NotEarlierNode(n) => write!(
                 f,
                 "argument {n:?} is not a node defined earlier in this graph"
             ),
-            Reason::TooDeep => f.write_str("arguments or graphs nest too deeply"),
-            Reason::MissingChild(c) => write!(f, "missing child: no submodule named {c:?}"),
-            Reason::MissingAttr(a) => write!(f, "get_attr target {a:?} does not exist"),
-            Reason::Variadic => f.write_str("variadic placeholders are not supported"),
-            Reason::PlaceholderArity => f.write_str("a placeholder takes at most one default"),
-            Reason::DefaultIsNode(n) => write!(
+            TooDeep => f.write_str("arguments or graphs nest too deeply"),
+            MissingChild(c) => write!(f, "missing child: no submodule named {c:?}"),
+            MissingAttr(a) => write!(f, "get_attr target {a:?} does not exist"),
+            Variadic => f.write_str("variadic placeholders are not supported"),
+            PlaceholderArity => f.write_str("a placeholder takes at most one default"),
+            DefaultIsNode(n) => write!(
                 f,
                 "the placeholder's default refers to node {n:?}; a default must be a value"
             ),
-            Reason::DefaultOrder => {
-                f.write_str("a placeholder without default follows one with a default")
-            }
-            Reason::OutputNotLast => f.write_str("the output node must be the last node"),
-            Reason::OutputArity => f.write_str("the output node takes one argument"),
-            Reason::GetAttrArgs => f.write_str("get_attr takes no arguments"),
-            Reason::MethodWithoutObject => {
-                f.write_str("call_method needs the object as first argument")
-            }
-            Reason::BadMethodName => {
-                f.write_str("the method name is not an allowed Python identifier")
-            }
-            Reason::TargetMismatch => f.write_str("the target kind does not fit the op"),
-            Reason::CallName(name, rule) => match rule {
+            DefaultOrder => f.write_str("a placeholder without default follows one with a default"),
+            OutputNotLast => f.write_str("the output node must be the last node"),
+            OutputArity => f.write_str("the output node takes one argument"),
+            GetAttrArgs => f.write_str("get_attr takes no arguments"),
+            MethodWithoutObject => f.write_str("call_method needs the object as first argument"),
+            BadMethodName => f.write_str("the method name is not an allowed Python identifier"),
+            TargetMismatch => f.write_str("the target kind does not fit the op"),
+            CallName(name, rule) => match rule {
                 CallRule::NotDotted => write!(f, "call target {name:?} is not a dotted identifier"),
                 CallRule::NotAllowed => write!(f, "call target {name:?} is not allowed by name"),
                 CallRule::NotAllowedUntrusted => {
                     write!(f, "call target {name:?} is not allowed in untrusted input")
                 }
             },
-            Reason::ChildOrder => f.write_str("an inlined child must come after its caller"),
-            Reason::Index { what, index } => write!(f, "{what} index {index} is out of range"),
-            Reason::BadInt => f.write_str(
+            ChildOrder => f.write_str("an inlined child must come after its caller"),
+            Index { what, index } => write!(f, "{what} index {index} is out of range"),
+            BadInt => f.write_str(
                 "malformed integer text (digits without leading zeros, at most 4300 of them)",
             ),
-            Reason::BadSpan => f.write_str("a text, bytes or argument span is out of range"),
-            Reason::BadFnName(n) => write!(f, "function name {n:?} is not a usable identifier"),
-            Reason::UnknownStyle(s) => write!(f, "unknown style {s:?}"),
-            Reason::CallModuleNotAllowed { target, inlined } => {
+            BadSpan => f.write_str("a text, bytes or argument span is out of range"),
+            BadFnName(n) => write!(f, "function name {n:?} is not a usable identifier"),
+            UnknownStyle(s) => write!(f, "unknown style {s:?}"),
+            CallModuleNotAllowed { target, inlined } => {
                 write!(f, "call_module is not allowed for codegen target {target}")?;
                 if *inlined {
                     f.write_str(
@@ -179,22 +140,22 @@ impl fmt::Display for Reason {
                 }
                 Ok(())
             }
-            Reason::TooLarge { bound, limit } => write!(
+            TooLarge { bound, limit } => write!(
                 f,
                 "the source could take {bound} bytes, more than the {limit} allowed for this input"
             ),
-            Reason::BadMagic => f.write_str("not a serialized node list (bad magic)"),
-            Reason::Version(v, want) => {
+            BadMagic => f.write_str("not a serialized node list (bad magic)"),
+            Version(v, want) => {
                 write!(f, "unsupported format version {v} (this reads {want})")
             }
-            Reason::UnexpectedEnd => f.write_str("unexpected end of data"),
-            Reason::VarintOverflow => f.write_str("varint overflows 64 bits"),
-            Reason::Exceeds(n) => write!(f, "count or length {n} exceeds the data left"),
-            Reason::NotUtf8 => f.write_str("string is not valid UTF-8"),
-            Reason::UnknownTag(what, t) => write!(f, "unknown {what} {t}"),
-            Reason::Trailing(n) => write!(f, "{n} trailing bytes"),
-            Reason::NoGraph => f.write_str("the program has no graph"),
-            Reason::BrokenNodeList => f.write_str("the graph's node list is broken"),
+            UnexpectedEnd => f.write_str("unexpected end of data"),
+            VarintOverflow => f.write_str("varint overflows 64 bits"),
+            Exceeds(n) => write!(f, "count or length {n} exceeds the data left"),
+            NotUtf8 => f.write_str("string is not valid UTF-8"),
+            UnknownTag(what, t) => write!(f, "unknown {what} {t}"),
+            Trailing(n) => write!(f, "{n} trailing bytes"),
+            NoGraph => f.write_str("the program has no graph"),
+            BrokenNodeList => f.write_str("the graph's node list is broken"),
         }
     }
 }

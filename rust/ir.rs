@@ -9,6 +9,10 @@ pub struct Span {
 }
 
 impl Span {
+    pub fn new(start: u32, len: u32) -> Span {
+        Span { start, len }
+    }
+
     pub fn range(self) -> std::ops::Range<usize> {
         self.start as usize..self.start as usize + self.len as usize
     }
@@ -110,18 +114,12 @@ pub struct Node {
 impl Node {
     /// The keyword pairs' slots, right after `args`.
     pub fn kwargs(&self) -> Span {
-        Span {
-            start: self.args.start + self.args.len,
-            len: 2 * self.kwargs as u32,
-        }
+        Span::new(self.args.start + self.args.len, 2 * self.kwargs as u32)
     }
 
     /// Positional and keyword slots together.
     pub fn all_args(&self) -> Span {
-        Span {
-            start: self.args.start,
-            len: self.args.len + 2 * self.kwargs as u32,
-        }
+        Span::new(self.args.start, self.args.len + 2 * self.kwargs as u32)
     }
 }
 
@@ -208,21 +206,15 @@ impl Program {
     }
 
     pub fn push_str(&mut self, s: &str) -> Span {
-        let start = self.text.len() as u32;
+        let span = Span::new(self.text.len() as u32, s.len() as u32);
         self.text.push_str(s);
-        Span {
-            start,
-            len: s.len() as u32,
-        }
+        span
     }
 
     pub fn push_bytes(&mut self, b: &[u8]) -> Span {
-        let start = self.blobs.len() as u32;
+        let span = Span::new(self.blobs.len() as u32, b.len() as u32);
         self.blobs.extend_from_slice(b);
-        Span {
-            start,
-            len: b.len() as u32,
-        }
+        span
     }
 
     /// Records `s` in [`Program::spans`]: the payload of an argument that refers to it.
@@ -263,21 +255,15 @@ impl Program {
 
     /// `n` slots at the end of [`Program::args`], to be filled in place.
     pub fn reserve_args(&mut self, n: usize) -> Span {
-        let start = self.args.len() as u32;
+        let span = Span::new(self.args.len() as u32, n as u32);
         self.args.resize(self.args.len() + n, Arg::None);
-        Span {
-            start,
-            len: n as u32,
-        }
+        span
     }
 
     pub fn push_args(&mut self, items: &[Arg]) -> Span {
-        let start = self.args.len() as u32;
+        let span = Span::new(self.args.len() as u32, items.len() as u32);
         self.args.extend_from_slice(items);
-        Span {
-            start,
-            len: items.len() as u32,
-        }
+        span
     }
 
     /// The name of submodule `i` ("" if out of range).

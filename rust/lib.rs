@@ -138,7 +138,7 @@ mod core_ext {
         let pool = match (consts, const_index) {
             (Some(c), Some(i)) => Pool::seeded(c, i)?,
             (Some(c), None) => Pool::seeded(c, &PyDict::new(py))?,
-            _ => Pool::new(),
+            _ => Pool::default(),
         };
         let mut reader = Reader::new(py, resolver.clone(), pool)?;
         reader.read(gm)?;
@@ -165,7 +165,7 @@ mod core_ext {
         gm: &Bound<'py, PyAny>,
         resolver: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let mut reader = Reader::new(py, resolver.clone(), Pool::new())?;
+        let mut reader = Reader::new(py, resolver.clone(), Pool::default())?;
         reader.read(gm)?;
         validate::validate(&reader.prog, false)?;
         Ok(PyBytes::new(py, &serial::write(&reader.prog)))
@@ -184,8 +184,7 @@ mod core_ext {
         let layout = Layout {
             style: self::style(style)?,
             fn_name,
-            with_submod: true,
-            header: true,
+            ..Layout::native()
         };
         let (code, names) = py.detach(|| crate::codegen_serialized(data, &layout))?;
         Ok((PyString::new(py, &code), names))

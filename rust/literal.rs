@@ -28,10 +28,8 @@ pub fn float(out: &mut String, v: f64) {
     }
     let mut buf = ryu::Buffer::new();
     let s = buf.format_finite(v);
-    let (neg, s) = match s.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, s),
-    };
+    let neg = v < 0.0;
+    let s = s.strip_prefix('-').unwrap_or(s);
     // Decompose ryu's text into significant digits and the decimal exponent of the first one.
     let (mant, exp_part) = match s.find('e') {
         Some(i) => (&s[..i], s[i + 1..].parse::<i32>().unwrap_or(0)),

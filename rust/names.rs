@@ -21,7 +21,7 @@ impl Reserved<'_> {
 }
 
 /// The identifiers of one function's nodes, by node index.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Names<'a> {
     text: &'a str,
     nodes: &'a [Node],
@@ -51,17 +51,16 @@ impl<'a> Names<'a> {
 
     /// Names given in full (vLLM's `_node_ref` names loose nodes by their own names).
     pub fn from_list(list: &[String]) -> Names<'static> {
-        let mut n = Names {
-            text: "",
-            nodes: &[],
-            spans: Vec::new(),
-            extra: String::new(),
-        };
-        for s in list {
-            n.spans.push((n.extra.len() as u32, s.len() as u32 | EXTRA));
-            n.extra.push_str(s);
-        }
+        let mut n = Names::default();
+        list.iter().for_each(|s| n.push_extra(s));
         n
+    }
+
+    /// Appends a name kept in `extra`.
+    fn push_extra(&mut self, s: &str) {
+        self.spans
+            .push((self.extra.len() as u32, s.len() as u32 | EXTRA));
+        self.extra.push_str(s);
     }
 }
 
@@ -76,8 +75,7 @@ pub fn assign<'a>(p: &'a Program, nodes: &'a [Node], reserved: &Reserved) -> Nam
     let mut names = Names {
         text: &p.text,
         nodes,
-        spans: Vec::new(),
-        extra: String::new(),
+        ..Names::default()
     };
     for (j, node) in nodes.iter().enumerate() {
         let raw = p.str(node.name);
@@ -98,10 +96,7 @@ pub fn assign<'a>(p: &'a Program, nodes: &'a [Node], reserved: &Reserved) -> Nam
                 .collect();
         }
         let name = fresh(raw, reserved, |s| used.contains(s) || renamed.contains(s));
-        names
-            .spans
-            .push((names.extra.len() as u32, name.len() as u32 | EXTRA));
-        names.extra.push_str(&name);
+        names.push_extra(&name);
         renamed.insert(name);
     }
     names

@@ -144,11 +144,7 @@ pub fn check_untrusted_call_name(name: &str) -> Result<(), CallRule> {
         [b] => SAFE_BUILTINS.contains(b),
         _ => false,
     };
-    if ok {
-        Ok(())
-    } else {
-        Err(CallRule::NotAllowedUntrusted)
-    }
+    ok.then_some(()).ok_or(CallRule::NotAllowedUntrusted)
 }
 
 /// Decimal int text as Python reads it back: `-?(0|[1-9][0-9]*)` of at most

@@ -61,10 +61,7 @@ impl Slots {
             };
             let (code, size) = match k {
                 ERASED => (ffi::Py_T_BOOL, 1),
-                _ => (
-                    ffi::Py_T_OBJECT_EX,
-                    size_of::<*mut ffi::PyObject>() as isize,
-                ),
+                _ => (ffi::Py_T_OBJECT_EX, size_of::<*mut ()>() as isize),
             };
             match member_offset(&base, &d, code) {
                 Some(at)
@@ -132,11 +129,9 @@ struct Fields {
 
 impl Fields {
     fn get<'py>(&self, node: &Bound<'py, PyAny>, k: usize) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(v) = self.slot(node, k) {
-            return Ok(v);
-        }
-        // A slot left empty (`getattr` raises) and other node types.
-        node.getattr(FIELDS[k])
+        // A slot left empty (`getattr` raises) and other node types: `getattr`.
+        self.slot(node, k)
+            .map_or_else(|| node.getattr(FIELDS[k]), Ok)
     }
 
     fn slot<'py>(&self, node: &Bound<'py, PyAny>, k: usize) -> Option<Bound<'py, PyAny>> {
@@ -241,12 +236,9 @@ static TYPES: PyOnceLock<Types> = PyOnceLock::new();
 impl Types {
     fn get(py: Python<'_>) -> PyResult<&'static Types> {
         TYPES.get_or_try_init(py, || {
+            let attr = |module: &str, name: &str| py.import(module)?.getattr(name);
             let ty = |module: &str, name: &str| -> PyResult<Py<PyType>> {
-                Ok(py
-                    .import(module)?
-                    .getattr(name)?
-                    .cast_into::<PyType>()?
-                    .unbind())
+                Ok(attr(module, name)?.cast_into::<PyType>()?.unbind())
             };
             let node = ty("torch.fx", "Node")?;
             let ops = Op::ALL.map(|op| (PyString::intern(py, op.as_str()).unbind(), op));
@@ -258,12 +250,8 @@ impl Types {
                 idict: ty("torch.fx.immutable_collections", "immutable_dict")?,
                 device: ty("torch", "device")?,
                 graph_module: ty("torch.fx", "GraphModule")?,
-                getitem: py.import("operator")?.getattr("getitem")?.unbind(),
-                nodes_property: py
-                    .import("torch.fx")?
-                    .getattr("Graph")?
-                    .getattr("nodes")?
-                    .unbind(),
+                getitem: attr("operator", "getitem")?.unbind(),
+                nodes_property: attr("torch.fx", "Graph")?.getattr("nodes")?.unbind(),
             })
         })
     }
@@ -298,6 +286,7 @@ impl Hasher for AddrHasher {
 type ByAddr<V> = HashMap<usize, V, BuildHasherDefault<AddrHasher>>;
 
 /// The constant pool being built: slots in order of first appearance.
+#[derive(Default)]
 pub struct Pool<'py> {
     pub objects: Vec<Bound<'py, PyAny>>,
     /// Slot by object id; only ids of objects the pool holds, so none is reused meanwhile.
@@ -309,18 +298,9 @@ pub struct Pool<'py> {
 }
 
 impl<'py> Pool<'py> {
-    pub fn new() -> Self {
-        Pool {
-            objects: Vec::new(),
-            by_id: FxHashMap::default(),
-            devices: FxHashMap::default(),
-            preexisting: 0,
-        }
-    }
-
     /// Continues an external pool: `consts` plus its `id(obj) -> slot` index.
     pub fn seeded(consts: &Bound<'py, PyList>, index: &Bound<'py, PyDict>) -> PyResult<Self> {
-        let mut p = Pool::new();
+        let mut p = Pool::default();
         p.objects.extend(consts.iter());
         for (k, v) in index.iter() {
             p.by_id.insert(k.extract::<usize>()?, v.extract::<u32>()?);
@@ -363,12 +343,15 @@ impl<'py> Pool<'py> {
     }
 }
 
+/// `str()` of an object, or "?" where getting the object or its text raised.
+fn shown(obj: PyResult<Bound<'_, PyAny>>) -> String {
+    obj.and_then(|v| v.str())
+        .map_or_else(|_| "?".into(), |s| s.to_string())
+}
+
 /// An error naming `node` (read back from the object, so it needs no IR).
 fn node_error(node: &Bound<'_, PyAny>, reason: Reason) -> PyErr {
-    let field = |name: &str| match node.getattr(name) {
-        Ok(v) => v.str().map_or_else(|_| "?".into(), |s| s.to_string()),
-        Err(_) => "?".into(),
-    };
+    let field = |name: &str| shown(node.getattr(name));
     let op = Op::ALL
         .into_iter()
         .find(|op| op.as_str() == field("op"))
@@ -390,58 +373,51 @@ fn hash(s: &str) -> u64 {
 /// A graph's nodes in order: fx's linked list walked with checks, or another iterator.
 enum Nodes<'py> {
     Iter(Bound<'py, pyo3::types::PyIterator>),
-    Links {
-        fields: Fields,
-        node_type: Bound<'py, PyType>,
-        root: Bound<'py, PyAny>,
-        /// The node returned last (the root before the first).
-        at: Bound<'py, PyAny>,
-        /// Links left to follow before the list counts as broken.
-        left: usize,
-    },
+    Links(Links<'py>),
+}
+
+/// fx's linked list, from the root round to it again.
+struct Links<'py> {
+    fields: Fields,
+    node_type: Bound<'py, PyType>,
+    root: Bound<'py, PyAny>,
+    /// The node returned last (the root before the first).
+    at: Bound<'py, PyAny>,
+    /// Links left to follow before the list counts as broken.
+    left: usize,
 }
 
 impl<'py> Iterator for Nodes<'py> {
     type Item = PyResult<Bound<'py, PyAny>>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let (fields, node_type, root, at, left) = match self {
-            Nodes::Iter(it) => return it.next(),
-            Nodes::Links {
-                fields,
-                node_type,
-                root,
-                at,
-                left,
-            } => (*fields, node_type, root, at, left),
-        };
+        match self {
+            Nodes::Iter(it) => it.next(),
+            Nodes::Links(links) => links.follow().transpose(),
+        }
+    }
+}
+
+impl<'py> Links<'py> {
+    /// The next node that is not erased; None back at the root.
+    fn follow(&mut self) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let fields = self.fields;
         loop {
-            let next = match fields.get(at, NEXT) {
-                Ok(next) => next,
-                Err(e) => return Some(Err(e)),
-            };
-            if next.is(&*root) {
-                return None;
+            let next = fields.get(&self.at, NEXT)?;
+            if next.is(&self.root) {
+                return Ok(None);
             }
-            let is_node = match next.get_type_ptr() == fields.node_type {
-                true => Ok(true),
-                false => next.is_instance(node_type),
-            };
-            let node = match is_node {
-                Ok(true) if *left > 0 => next,
-                Ok(_) => return Some(Err(Error::Invalid(Reason::BrokenNodeList).into())),
-                Err(e) => return Some(Err(e)),
-            };
-            *left -= 1;
-            *at = node.clone();
+            let is_node =
+                next.get_type_ptr() == fields.node_type || next.is_instance(&self.node_type)?;
+            if !is_node || self.left == 0 {
+                return Err(Error::Invalid(Reason::BrokenNodeList).into());
+            }
+            self.left -= 1;
+            self.at = next.clone();
             // A node erased while still linked (as while fx changes a graph) is skipped.
-            match fields.erased(&node) {
-                Ok(false) => {
-                    fields.prefetch_after(&node);
-                    return Some(Ok(node));
-                }
-                Ok(true) => continue,
-                Err(e) => return Some(Err(e)),
+            if !fields.erased(&next)? {
+                fields.prefetch_after(&next);
+                return Ok(Some(next));
             }
         }
     }
@@ -466,7 +442,6 @@ pub struct Reader<'py> {
     targets: FxHashMap<usize, (Target, Bound<'py, PyAny>)>,
     /// Keyword keys by str object (held).
     keys: FxHashMap<usize, (Arg, Bound<'py, PyAny>)>,
-    /// Submodules by qualified name.
     /// Submodules by the hash of their qualified name (names compared on a hit; a 64-bit
     /// collision of two names falls back to a search).
     submods: FxHashMap<u64, u32>,
@@ -561,22 +536,14 @@ impl<'py> Reader<'py> {
             let target_obj = f.get(node, TARGET)?;
             let args_obj = f.get(node, ARGS)?;
             let kwargs_obj = f.get(node, KWARGS)?;
-            let op = match self
-                .t
-                .ops
-                .iter()
-                .find(|(s, _)| s.as_ptr() == op_obj.as_ptr())
-            {
-                Some(&(_, op)) => Some(op),
-                None => match op_obj.cast::<PyString>().map(|s| s.to_str()) {
-                    Ok(Ok(s)) => Op::ALL.into_iter().find(|op| op.as_str() == s),
-                    _ => None,
-                },
-            };
-            let op = op.ok_or_else(|| {
-                let text = op_obj.str().map_or_else(|_| "?".into(), |s| s.to_string());
-                node_error(node, Reason::UnknownOp(text))
-            })?;
+            let ops = &self.t.ops;
+            let interned = ops.iter().find(|(s, _)| s.as_ptr() == op_obj.as_ptr());
+            let op = interned.map(|&(_, op)| op).or_else(|| {
+                let s = op_obj.cast::<PyString>().ok()?.to_str().ok()?;
+                Op::ALL.into_iter().find(|op| op.as_str() == s)
+            });
+            let op =
+                op.ok_or_else(|| node_error(node, Reason::UnknownOp(shown(Ok(op_obj.clone())))))?;
             let name = match name_obj.cast::<PyString>().map(|s| s.to_str()) {
                 Ok(Ok(s)) => self.prog.push_str(s),
                 _ => return Err(node_error(node, Reason::NameNotStr)),
@@ -603,24 +570,18 @@ impl<'py> Reader<'py> {
             // Keyword pairs follow the positional arguments' slots.
             let all = self.prog.reserve_args(args.len() + 2 * kwargs.len());
             for (k, a) in args.iter().enumerate() {
-                let v = self.value(&a, &ctx, 0)?;
-                self.prog.args[all.start as usize + k] = v;
+                self.prog.args[all.start as usize + k] = self.value(&a, &ctx, 0)?;
             }
             let mut at = all.start as usize + args.len();
             for (key, value) in kwargs.iter() {
-                let key = self.key(&key, &ctx)?;
-                let value = self.value(&value, &ctx, 0)?;
-                self.prog.args[at] = key;
-                self.prog.args[at + 1] = value;
+                self.prog.args[at] = self.key(&key, &ctx)?;
+                self.prog.args[at + 1] = self.value(&value, &ctx, 0)?;
                 at += 2;
             }
             index.insert(node.as_ptr() as usize, nodes.len() as u32);
             nodes.push(Node {
                 name,
-                args: Span {
-                    start: all.start,
-                    len: args.len() as u32,
-                },
+                args: Span::new(all.start, args.len() as u32),
                 target,
                 kwargs: kwargs.len() as u16,
                 op,
@@ -642,14 +603,14 @@ impl<'py> Reader<'py> {
             return Ok((Nodes::Iter(nodes.try_iter()?), n));
         }
         let root = graph.getattr(intern!(py, "_root"))?;
-        let walk = Nodes::Links {
+        let walk = Nodes::Links(Links {
             fields: self.fields,
             node_type: self.t.node.bind(py).clone(),
             at: root.clone(),
             root,
             // Far more links than the graph's nodes and any erased ones still linked.
             left: 4 * n + 1024,
-        };
+        });
         Ok((walk, n))
     }
 
@@ -810,9 +771,8 @@ impl<'py> Reader<'py> {
         }
         if let Ok(f) = a.cast_exact::<PyFloat>() {
             // Graphs built in a loop pass one float object over and over (a scale, an eps).
-            match &self.last_float {
-                Some((last, arg)) if last.is(a) => return Ok(*arg),
-                _ => {}
+            if let Some((_, arg)) = self.last_float.as_ref().filter(|(last, _)| last.is(a)) {
+                return Ok(*arg);
             }
             let arg = self.prog.float(f.value());
             self.last_float = Some((a.clone(), arg));
@@ -843,32 +803,17 @@ impl<'py> Reader<'py> {
             return Ok(self.prog.bytes(b.as_bytes()));
         }
         if let Ok(t) = a.cast_exact::<PyTuple>() {
-            let span = self.prog.reserve_args(t.len());
-            for (k, item) in t.iter().enumerate() {
-                let v = self.value(&item, ctx, depth + 1)?;
-                self.prog.args[span.start as usize + k] = v;
-            }
-            return Ok(Arg::Tuple(self.prog.add_span(span)));
+            return Ok(Arg::Tuple(self.values(t.len(), t.iter(), ctx, depth)?));
         }
         if ty == self.t.ilist.bind(py).as_type_ptr() || a.is_exact_instance_of::<PyList>() {
             let list = a.cast::<PyList>()?;
-            let span = self.prog.reserve_args(list.len());
-            for (k, item) in list.iter().enumerate().take(span.len as usize) {
-                let v = self.value(&item, ctx, depth + 1)?;
-                self.prog.args[span.start as usize + k] = v;
-            }
-            return Ok(Arg::List(self.prog.add_span(span)));
+            let k = self.values(list.len(), list.iter(), ctx, depth)?;
+            return Ok(Arg::List(k));
         }
         if ty == self.t.idict.bind(py).as_type_ptr() || a.is_exact_instance_of::<PyDict>() {
             let dict = a.cast::<PyDict>()?;
-            let span = self.prog.reserve_args(2 * dict.len());
-            for (k, (key, value)) in dict.iter().enumerate().take(dict.len()) {
-                let key = self.value(&key, ctx, depth + 1)?;
-                let value = self.value(&value, ctx, depth + 1)?;
-                self.prog.args[span.start as usize + 2 * k] = key;
-                self.prog.args[span.start as usize + 2 * k + 1] = value;
-            }
-            return Ok(Arg::Dict(self.prog.add_span(span)));
+            let items = dict.iter().flat_map(|(key, value)| [key, value]);
+            return Ok(Arg::Dict(self.values(2 * dict.len(), items, ctx, depth)?));
         }
         if ty == self.t.device.bind(py).as_type_ptr() {
             return Ok(Arg::Const(self.pool.intern_device(a)?));
@@ -879,6 +824,22 @@ impl<'py> Reader<'py> {
         Ok(Arg::Const(self.pool.intern(a)))
     }
 
+    /// The first `n` of `items` (a container's, nested at `depth`) into fresh consecutive
+    /// slots, which nested containers' slots follow; the span's index.
+    fn values(
+        &mut self,
+        n: usize,
+        items: impl Iterator<Item = Bound<'py, PyAny>>,
+        ctx: &Ctx<'_, 'py>,
+        depth: usize,
+    ) -> PyResult<u32> {
+        let span = self.prog.reserve_args(n);
+        for (k, item) in items.take(n).enumerate() {
+            self.prog.args[span.start as usize + k] = self.value(&item, ctx, depth + 1)?;
+        }
+        Ok(self.prog.add_span(span))
+    }
+
     fn node_ref(&mut self, a: &Bound<'py, PyAny>, ctx: &Ctx<'_, 'py>) -> PyResult<Arg> {
         if let Some(&i) = ctx.index.get(&(a.as_ptr() as usize)) {
             return Ok(Arg::Node(i));
@@ -887,10 +848,7 @@ impl<'py> Reader<'py> {
             loose.push(a.clone());
             return Ok(Arg::Node(loose.len() as u32 - 1));
         }
-        let name = a
-            .getattr(intern!(self.py, "name"))
-            .and_then(|n| n.str().map(|s| s.to_string()))
-            .unwrap_or_else(|_| "?".into());
+        let name = shown(a.getattr(intern!(self.py, "name")));
         Err(node_error(ctx.node, Reason::NotEarlierNode(name)))
     }
 

@@ -102,43 +102,37 @@ impl Writer<'_> {
         }
     }
 
+    /// The tag, then the payload.
     fn arg(&mut self, a: Arg) {
         let p = self.p;
+        let tag = match a {
+            Arg::Node(_) => ArgTag::Node,
+            Arg::None => ArgTag::None,
+            Arg::Bool(false) => ArgTag::False,
+            Arg::Bool(true) => ArgTag::True,
+            Arg::Int(_) | Arg::Long(_) => ArgTag::Int,
+            Arg::BigInt(_) => ArgTag::BigInt,
+            Arg::Float(_) => ArgTag::Float,
+            Arg::Str(_) => ArgTag::Str,
+            Arg::Bytes(_) => ArgTag::Bytes,
+            Arg::Const(_) => ArgTag::Const,
+            Arg::Tuple(_) => ArgTag::Tuple,
+            Arg::List(_) => ArgTag::List,
+            Arg::Dict(_) => ArgTag::Dict,
+        };
+        self.out.push(tag as u8);
         match a {
-            Arg::Node(i) => self.tagged(ArgTag::Node, i as u64),
-            Arg::None => self.tag(ArgTag::None),
-            Arg::Bool(false) => self.tag(ArgTag::False),
-            Arg::Bool(true) => self.tag(ArgTag::True),
+            Arg::Node(k) | Arg::Const(k) => self.varint(k as u64),
+            Arg::None | Arg::Bool(_) => {}
             Arg::Int(v) => self.int(v as i64),
             Arg::Long(k) => self.int(p.number(k) as i64),
-            Arg::BigInt(k) => {
-                self.tag(ArgTag::BigInt);
-                self.text(p.span(k));
-            }
-            Arg::Float(k) => {
-                self.tag(ArgTag::Float);
-                self.out.extend_from_slice(&p.float_of(k).to_le_bytes());
-            }
-            Arg::Str(k) => {
-                self.tag(ArgTag::Str);
-                self.text(p.span(k));
-            }
-            Arg::Bytes(k) => {
-                self.tag(ArgTag::Bytes);
-                self.blob(p.span(k));
-            }
-            Arg::Const(k) => self.tagged(ArgTag::Const, k as u64),
-            Arg::Tuple(k) => {
-                self.tag(ArgTag::Tuple);
-                self.args(p.items(k));
-            }
-            Arg::List(k) => {
-                self.tag(ArgTag::List);
-                self.args(p.items(k));
-            }
+            Arg::BigInt(k) | Arg::Str(k) => self.text(p.span(k)),
+            Arg::Float(k) => self.out.extend_from_slice(&p.float_of(k).to_le_bytes()),
+            Arg::Bytes(k) => self.blob(p.span(k)),
+            Arg::Tuple(k) | Arg::List(k) => self.args(p.items(k)),
             Arg::Dict(k) => {
                 let items = p.items(k);
-                self.tagged(ArgTag::Dict, items.len() as u64 / 2);
+                self.varint(items.len() as u64 / 2);
                 for &a in items {
                     self.arg(a);
                 }
@@ -146,18 +140,9 @@ impl Writer<'_> {
         }
     }
 
-    fn tag(&mut self, t: ArgTag) {
-        self.out.push(t as u8);
-    }
-
-    /// A tag followed by a varint.
-    fn tagged(&mut self, t: ArgTag, v: u64) {
-        self.tag(t);
-        self.varint(v);
-    }
-
+    /// Zigzag: small magnitudes of either sign take few bytes.
     fn int(&mut self, v: i64) {
-        self.tagged(ArgTag::Int, ((v << 1) ^ (v >> 63)) as u64);
+        self.varint(((v << 1) ^ (v >> 63)) as u64);
     }
 }
 
@@ -221,12 +206,14 @@ struct Reader<'a> {
     p: Program,
 }
 
+/// An error at byte `offset`.
+fn err_at<T>(offset: usize, reason: Reason) -> Result<T> {
+    Err(Error::Serial { offset, reason })
+}
+
 impl<'a> Reader<'a> {
     fn err<T>(&self, reason: Reason) -> Result<T> {
-        Err(Error::Serial {
-            offset: self.pos,
-            reason,
-        })
+        err_at(self.pos, reason)
     }
 
     fn left(&self) -> usize {
@@ -271,7 +258,7 @@ impl<'a> Reader<'a> {
     fn index(&mut self, limit: u64, what: &'static str) -> Result<u32> {
         let v = self.varint()?;
         if v >= limit {
-            return self.err(Reason::Index { what, index: v });
+            return self.err(Reason::index(what, v));
         }
         Ok(v as u32)
     }
@@ -285,14 +272,20 @@ impl<'a> Reader<'a> {
         Ok(v as usize)
     }
 
-    fn slice(&mut self) -> Result<&'a [u8]> {
-        let n = self.varint()?;
+    /// The next `n` bytes, or `error` where fewer are left.
+    fn take(&mut self, n: u64, error: Reason) -> Result<&'a [u8]> {
         if n > self.left() as u64 {
-            return self.err(Reason::Exceeds(n));
+            return self.err(error);
         }
         let b = &self.data[self.pos..self.pos + n as usize];
         self.pos += n as usize;
         Ok(b)
+    }
+
+    /// A length, then that many bytes.
+    fn slice(&mut self) -> Result<&'a [u8]> {
+        let n = self.varint()?;
+        self.take(n, Reason::Exceeds(n))
     }
 
     fn text(&mut self) -> Result<Span> {
@@ -300,19 +293,17 @@ impl<'a> Reader<'a> {
         let b = self.slice()?;
         match std::str::from_utf8(b) {
             Ok(s) => Ok(self.p.push_str(s)),
-            Err(_) => Err(Error::Serial {
-                offset: at,
-                reason: Reason::NotUtf8,
-            }),
+            Err(_) => err_at(at, Reason::NotUtf8),
         }
     }
 
-    /// `n` arguments into consecutive slots (containers take slots after them as they are read).
-    fn args(&mut self, n: usize, ctx: &Ctx, depth: usize) -> Result<u32> {
+    /// A container at `depth`: its count of items, `width` arguments each, then the arguments,
+    /// into consecutive slots (nested containers take slots after them as they are read).
+    fn items(&mut self, width: usize, ctx: &Ctx, depth: usize) -> Result<u32> {
+        let n = width * self.count(width)?;
         let span = self.p.reserve_args(n);
         for k in 0..n {
-            let a = self.arg(ctx, depth)?;
-            self.p.args[span.start as usize + k] = a;
+            self.p.args[span.start as usize + k] = self.arg(ctx, depth + 1)?;
         }
         Ok(self.p.add_span(span))
     }
@@ -335,12 +326,8 @@ impl<'a> Reader<'a> {
                 Arg::BigInt(self.p.add_span(s))
             }
             ArgTag::Float => {
-                if self.left() < 8 {
-                    return self.err(Reason::UnexpectedEnd);
-                }
                 let mut b = [0u8; 8];
-                b.copy_from_slice(&self.data[self.pos..self.pos + 8]);
-                self.pos += 8;
+                b.copy_from_slice(self.take(8, Reason::UnexpectedEnd)?);
                 self.p.float(f64::from_le_bytes(b))
             }
             ArgTag::Str => {
@@ -353,18 +340,9 @@ impl<'a> Reader<'a> {
                 Arg::Bytes(self.p.add_span(s))
             }
             ArgTag::Const => Arg::Const(self.index(ctx.n_consts, "constant")?),
-            ArgTag::Tuple => {
-                let n = self.count(1)?;
-                Arg::Tuple(self.args(n, ctx, depth + 1)?)
-            }
-            ArgTag::List => {
-                let n = self.count(1)?;
-                Arg::List(self.args(n, ctx, depth + 1)?)
-            }
-            ArgTag::Dict => {
-                let n = self.count(2)?;
-                Arg::Dict(self.args(2 * n, ctx, depth + 1)?)
-            }
+            ArgTag::Tuple => Arg::Tuple(self.items(1, ctx, depth)?),
+            ArgTag::List => Arg::List(self.items(1, ctx, depth)?),
+            ArgTag::Dict => Arg::Dict(self.items(2, ctx, depth)?),
         })
     }
 }
@@ -407,10 +385,7 @@ pub fn read(data: &[u8]) -> Result<Program> {
             SubmodTag::Inline => {
                 let g = r.varint()?;
                 if g > u32::MAX as u64 {
-                    return r.err(Reason::Index {
-                        what: "graph",
-                        index: g,
-                    });
+                    return r.err(Reason::index("graph", g));
                 }
                 inline_graphs.push(g);
                 SubmodKind::Inline(g as u32)
@@ -423,10 +398,7 @@ pub fn read(data: &[u8]) -> Result<Program> {
         return r.err(Reason::NoGraph);
     }
     if let Some(&g) = inline_graphs.iter().find(|&&g| g >= n_graphs as u64) {
-        return r.err(Reason::Index {
-            what: "inlined graph",
-            index: g,
-        });
+        return r.err(Reason::index("inlined graph", g));
     }
     // A node's arguments, positional then keyword, before they are stored.
     let mut top: Vec<Arg> = Vec::new();
@@ -462,19 +434,13 @@ pub fn read(data: &[u8]) -> Result<Program> {
             let at = r.pos;
             let n_kw = r.count(2)?;
             if n_kw > MAX_KWARGS {
-                return Err(Error::Serial {
-                    offset: at,
-                    reason: Reason::TooManyKwargs,
-                });
+                return err_at(at, Reason::TooManyKwargs);
             }
             for _ in 0..n_kw {
                 let at = r.pos;
                 let key = r.arg(&ctx, 0)?;
                 if !matches!(key, Arg::Str(_) | Arg::Const(_)) {
-                    return Err(Error::Serial {
-                        offset: at,
-                        reason: Reason::KeyNotStr,
-                    });
+                    return err_at(at, Reason::KeyNotStr);
                 }
                 top.push(key);
                 top.push(r.arg(&ctx, 0)?);
@@ -484,10 +450,7 @@ pub fn read(data: &[u8]) -> Result<Program> {
                 op,
                 name,
                 target,
-                args: Span {
-                    start: all.start,
-                    len: n_args as u32,
-                },
+                args: Span::new(all.start, n_args as u32),
                 kwargs: n_kw as u16,
             });
         }

@@ -1,7 +1,7 @@
 //! The rules a program must meet before it is emitted. A program that passes emits source that
 //! compiles; one read from untrusted bytes must also keep to the names untrusted input may call.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use crate::error::{Error, Reason, Result};
 use crate::ir::{Arg, Node, Op, Program, Span, SubmodKind, Target, MAX_DEPTH};
@@ -17,18 +17,14 @@ pub fn validate(p: &Program, untrusted: bool) -> Result<()> {
         text(p, sm.name)?;
         if let SubmodKind::Inline(g) = sm.kind {
             if g == 0 || g as usize >= p.graphs.len() {
-                let index = g as u64;
-                return Err(Error::Invalid(Reason::Index {
-                    what: "inlined graph",
-                    index,
-                }));
+                return Err(Error::Invalid(Reason::index("inlined graph", g)));
             }
         }
     }
     let mut v = Validator {
         p,
         untrusted,
-        good_names: FxHashMap::default(),
+        good_names: FxHashSet::default(),
     };
     for gi in 0..p.graphs.len() {
         v.graph(gi as u32)?;
@@ -40,7 +36,7 @@ struct Validator<'a> {
     p: &'a Program,
     untrusted: bool,
     /// Call names already checked (targets repeat across nodes).
-    good_names: FxHashMap<&'a str, ()>,
+    good_names: FxHashSet<&'a str>,
 }
 
 fn text(p: &Program, s: Span) -> Result<&str> {
@@ -62,6 +58,7 @@ impl<'a> Validator<'a> {
             if node.op == Op::Placeholder {
                 if node.args.len == 1 {
                     seen_default = true;
+                    // A default is evaluated where the function is defined, before any node.
                     let mut named = None;
                     p.for_each_ref(p.slice(node.args), &mut |i| named = named.or(Some(i)));
                     if let Some(i) = named.filter(|&i| (i as usize) < nodes.len()) {
@@ -91,13 +88,7 @@ impl<'a> Validator<'a> {
                 }
             }
             (Op::CallModule, Target::Submod(i)) => match p.submods.get(i as usize) {
-                None => {
-                    let index = i as u64;
-                    return Err(bad(Reason::Index {
-                        what: "submodule",
-                        index,
-                    }));
-                }
+                None => return Err(bad(Reason::index("submodule", i))),
                 Some(sm) if matches!(sm.kind, SubmodKind::Inline(c) if c <= gi) => {
                     return Err(bad(Reason::ChildOrder));
                 }
@@ -105,23 +96,18 @@ impl<'a> Validator<'a> {
             },
             (Op::CallFunction, Target::Name(s)) => {
                 let name = text(p, s)?;
-                if !self.good_names.contains_key(name) {
+                if self.good_names.insert(name) {
                     let rule = match self.untrusted {
                         true => pyident::check_untrusted_call_name(name),
                         false => pyident::check_call_name(name),
                     };
                     rule.map_err(|r| bad(Reason::CallName(name.into(), r)))?;
-                    self.good_names.insert(name, ());
                 }
             }
             (Op::CallFunction, Target::Getitem) => {}
             (Op::CallFunction | Op::GetAttr, Target::Const(k)) => {
                 if k >= p.n_consts {
-                    let index = k as u64;
-                    return Err(bad(Reason::Index {
-                        what: "constant",
-                        index,
-                    }));
+                    return Err(bad(Reason::index("constant", k)));
                 }
                 if node.op == Op::GetAttr && (node.args.len > 0 || node.kwargs > 0) {
                     return Err(bad(Reason::GetAttrArgs));
@@ -216,11 +202,7 @@ impl<'a> Validator<'a> {
                 }
                 Arg::Const(k) => {
                     if k >= p.n_consts {
-                        let index = k as u64;
-                        return Err(bad(Reason::Index {
-                            what: "constant",
-                            index,
-                        }));
+                        return Err(bad(Reason::index("constant", k)));
                     }
                 }
                 Arg::Tuple(k) | Arg::List(k) | Arg::Dict(k) => {
