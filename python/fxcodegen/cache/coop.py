@@ -32,19 +32,10 @@ from pathlib import Path
 
 import filelock
 
-from fxcodegen.cache import tidy, trust
-from fxcodegen.cache.format import (
-    ENTRIES_DIR,
-    FORMAT_VERSION,
-    KEY_RE,
-    CacheError,
-    canonical,
-    decode_blob,
-    encode_blob,
-    read_meta,
-    read_trusted,
-    sha256,
-)
+from fxcodegen.cache import files, trust
+from fxcodegen.cache.artifact import canonical, sha256
+from fxcodegen.cache.format import CacheError, decode_blob, encode_blob, read_meta, read_trusted
+from fxcodegen.cache.layout import ENTRIES_DIR, FORMAT_VERSION, KEY_RE
 from fxcodegen.cache.options import check_seconds
 from fxcodegen.cache.remote import Claim, RemoteStore
 from fxcodegen.cache.store import Cache, LockUnavailable
@@ -128,7 +119,7 @@ class Coop:
 
     def _write_blob(self, digest: str, data: bytes) -> None:
         if self._local_blob(digest) is None:
-            tidy.atomic_write(self.cache.blob_path(digest), encode_blob(data))
+            files.atomic_write(self.cache.blob_path(digest), encode_blob(data))
 
     def get_entry(self, key: str) -> bytes | None:
         """The stored result of one entry: locally, else from the remote store (then kept
@@ -165,7 +156,7 @@ class Coop:
             return
         try:
             self._write_blob(digest, data)
-            tidy.atomic_write(d / key, digest.encode() + b"\n")
+            files.atomic_write(d / key, digest.encode() + b"\n")
         except OSError as e:
             log.info("fxcodegen cache: could not keep entry %s: %s", key[:16], e)
 
@@ -265,7 +256,7 @@ class Coop:
             waited,
             w.label,
             w.key[:16],
-            tidy.waiting_on(self.cache.lock_path(w.key)),
+            files.waiting_on(self.cache.lock_path(w.key)),
             "" if self.remote is None else " or a remote process",
             len(todo),
             max(0.0, self.wait_s - self.waited),
@@ -317,8 +308,8 @@ class Coop:
                 self._write_blob(digest, data)
             doc = {"key": key, "format": FORMAT_VERSION, "factors": canonical(meta["factors"])}
             text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
-            tidy.atomic_write(self.cache.factors_path(key), text.encode())
-            tidy.atomic_write(self.cache.artifact_path(key), raw)
+            files.atomic_write(self.cache.factors_path(key), text.encode())
+            files.atomic_write(self.cache.artifact_path(key), raw)
         except OSError as e:
             log.info("fxcodegen cache: could not copy remote artifact %s: %s", key[:16], e)
             return False
@@ -389,11 +380,11 @@ def open_coop(
 
 def clear_entries(root: str | os.PathLike[str]) -> int:
     """Remove the entry references of a cache directory; the count. Only regular files
-    named by an entry key (``cache clear`` removes these too, see :func:`tidy.clear`)."""
+    named by an entry key (``cache clear`` removes these too, see :func:`files.clear`)."""
     d = Path(root) / ENTRIES_DIR
-    if not tidy.real_dir(d):
+    if not files.real_dir(d):
         return 0
     names = [n for n in sorted(os.listdir(d)) if KEY_RE.fullmatch(n)]
     return len(
-        tidy.unlink([d / n for n in names if (d / n).is_file() and not (d / n).is_symlink()])
+        files.unlink([d / n for n in names if (d / n).is_file() and not (d / n).is_symlink()])
     )

@@ -1,6 +1,5 @@
-"""The artifact format: what is stored (:class:`Artifact`, :class:`PieceRecord`), the
-artifact and blob files' bytes, and reading them back with every check done before anything
-is unpickled or unmarshaled. ``docs/cache.md`` describes the format byte by byte.
+"""The artifact and blob files' bytes, and reading them back with every check done before
+anything is unpickled or unmarshaled. ``docs/cache.md`` describes the format byte by byte.
 
 Nothing here runs the stored code: binding it to the pieces
 (:func:`fxcodegen.codegen.bind_stored`) is the compile layer's.
@@ -14,38 +13,31 @@ import io
 import json
 import logging
 import marshal
-import math
 import os
 import pickle
-import re
 import struct
 import sys
 import types
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fxcodegen.cache import trust
+from fxcodegen.cache.artifact import (
+    DEFAULT_FN_NAME,
+    Artifact,
+    PieceRecord,
+    canonical,
+    sha256,
+    synthetic_filename,
+)
+from fxcodegen.cache.layout import BLOBS_DIR, FORMAT_VERSION, KEY_RE, READABLE_VERSIONS
 
 __all__ = [
-    "ARTIFACT_SUFFIX",
-    "BLOBS_DIR",
     "BLOB_MAGIC",
-    "DEFAULT_FN_NAME",
-    "ENTRIES_DIR",
-    "FACTORS_SUFFIX",
-    "FORMAT_VERSION",
     "HEADER",
-    "KEY_RE",
-    "LOCKS_DIR",
     "MAGIC",
-    "MARKER",
-    "READABLE_VERSIONS",
-    "Artifact",
     "CacheError",
-    "PieceRecord",
-    "canonical",
     "code_tag",
     "decode_artifact",
     "decode_blob",
@@ -55,16 +47,9 @@ __all__ = [
     "load_torch_op",
     "read_meta",
     "read_trusted",
-    "sha256",
-    "synthetic_filename",
 ]
 
 log = logging.getLogger("fxcodegen")
-
-FORMAT_VERSION = 2
-"""Version written by this fxcodegen. 1: no constant pool (``consts`` absent); 2: adds it."""
-READABLE_VERSIONS = (1, 2)
-"""Versions this fxcodegen reads; any other is a clean miss."""
 
 MAGIC = b"FXCGART\x00"
 BLOB_MAGIC = b"FXCGBLB\x00"
@@ -74,18 +59,6 @@ HEADER = struct.Struct("<8sIQ32s")
 _BLOB_HEADER = struct.Struct("<8sQ")
 _SECTION_NAME = struct.Struct("<H")
 _SECTION_LEN = struct.Struct("<Q")
-
-ARTIFACT_SUFFIX = ".fxc"
-FACTORS_SUFFIX = ".factors.json"
-BLOBS_DIR = "blobs"
-LOCKS_DIR = "locks"
-ENTRIES_DIR = "entries"
-MARKER = "fxcodegen-cache.json"
-"""The file that makes a directory an fxcodegen cache (``cache clear`` refuses others)."""
-DEFAULT_FN_NAME = "execution_fn"
-
-KEY_RE = re.compile(r"^[0-9a-f]{64}$")
-_ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 class CacheError(Exception):
@@ -101,116 +74,12 @@ class CacheError(Exception):
         self.reason = reason
 
 
-# --------------------------------------------------------------------------------------
-# What is stored
-
-
-@dataclass(frozen=True)
-class PieceRecord:
-    """One compiled piece (a non-splitting submodule) and its dispatch data."""
-
-    name: str
-    """The submodule's name in the split graph (one of ``Artifact.submod_names``)."""
-    entries: Mapping[str, bytes]
-    """Entry label -> the compiled result's bytes (opaque; e.g. Inductor's serialized
-    artifact). Labels are free-form strings chosen by the backend, e.g. ``"range:1-8"``."""
-    sym_shape_indices: tuple[int, ...] = ()
-    """Indices of the piece's inputs that carry the symbolic size used for dispatch."""
-    returns_tuple: bool = True
-    """Whether the piece's graph returns a tuple (else the compiled result is unwrapped)."""
-    compile_ranges: tuple[tuple[int, int], ...] = ()
-    """Inclusive ``(start, end)`` size ranges compiled for this piece."""
-    compile_sizes: tuple[int, ...] = ()
-    """Single sizes compiled for this piece."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    """Anything else the backend wants back, JSON-serializable."""
-
-
-@dataclass
-class Artifact:
-    """A compiled graph: its stitching code, pool, code object and compiled pieces."""
-
-    code: str
-    """Python source defining the stitching function ``fn_name``."""
-    submod_names: list[str]
-    """``submod_names[i]`` is the child called as submodule ``i``."""
-    consts: list[Any] | None
-    """The constant pool; ``None`` for code generated without one (format 1)."""
-    pieces: list[PieceRecord] = field(default_factory=list)
-    fn_name: str = DEFAULT_FN_NAME
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Anything else the backend wants back, JSON-serializable."""
-    storable: bool = True
-    """Set False (e.g. when a piece's compiled result could not be exported) to have
-    :meth:`Cache.get_or_create` use it without storing it. Not stored."""
-    code_object: types.CodeType | None = None
-    """The module code object of ``code``; on load, unmarshaled or compiled from source."""
-    code_origin: str = "none"
-    """How ``code_object`` was obtained: ``"marshal"``, ``"source"`` or ``"none"``."""
-    filename: str = ""
-    """The synthetic file name the code object was compiled under (registered in linecache)."""
-    key: str = ""
-    factors: dict[str, Any] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
-    path: Path | None = None
-
-    def prepare(self, key: str, factors: Mapping[str, Any]) -> Artifact:
-        """Fill in ``key``, ``factors``, ``filename`` and (compiling the source once) the
-        code object of a freshly made artifact, as a load would; returns ``self``."""
-        self.key = key
-        self.factors = canonical(dict(factors))
-        self.filename = synthetic_filename(key)
-        if self.code_object is None or self.code_object.co_filename != self.filename:
-            self.code_object = compile(self.code, self.filename, "exec")
-            self.code_origin = "source"
-        return self
-
-    @property
-    def num_entries(self) -> int:
-        return sum(len(p.entries) for p in self.pieces)
-
-
-# --------------------------------------------------------------------------------------
-# Canonical values
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def canonical(value: Any) -> Any:
-    """A JSON value that is equal across processes for equal inputs (no addresses)."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
-    if isinstance(value, Mapping):
-        return {str(k): canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, (list, tuple)):
-        return [canonical(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((canonical(v) for v in value), key=repr)
-    if hasattr(value, "start") and hasattr(value, "end"):  # a Range
-        return [canonical(value.start), canonical(value.end)]
-    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
-        return f"{value.__module__}.{value.__qualname__}"
-    return _ADDRESS_RE.sub("", repr(value))
-
-
-# --------------------------------------------------------------------------------------
-# The file format
-
-
 def code_tag() -> str | None:
     """Tags marshaled code: it loads only under the very same bytecode format."""
     cache_tag = sys.implementation.cache_tag
     if cache_tag is None:
         return None
     return f"{cache_tag}:{importlib.util.MAGIC_NUMBER.hex()}"
-
-
-def synthetic_filename(key: str) -> str:
-    return f"<fxcodegen-cache-{key[:16]}>"
 
 
 def _encode_sections(sections: Sequence[tuple[str, bytes]]) -> bytes:
@@ -461,8 +330,8 @@ def decode_artifact(
         if "consts" not in sections:
             raise CacheError(path, "the pool section is missing")
         try:
-            consts = pickle.loads(sections["consts"])  # noqa: S301 - checksummed, owner-only
-        except Exception as e:  # noqa: BLE001 - any unpickling failure is a damaged artifact
+            consts = pickle.loads(sections["consts"])  # checksummed, owner-only
+        except Exception as e:  # any unpickling failure is a damaged artifact
             raise CacheError(path, f"cannot unpickle the pool: {type(e).__name__}: {e}") from None
         if not isinstance(consts, list):
             raise CacheError(path, "the pool is not a list")

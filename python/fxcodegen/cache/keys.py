@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fxcodegen.cache.format import FORMAT_VERSION, canonical, sha256
+from fxcodegen.cache.artifact import canonical, sha256
+from fxcodegen.cache.layout import FORMAT_VERSION
 
 __all__ = ["build_files", "compute_key", "explain_difference", "fxcodegen_build", "make_factors"]
 

@@ -37,7 +37,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from fxcodegen.cache.format import KEY_RE, CacheError, read_meta
+from fxcodegen.cache.format import CacheError, read_meta
+from fxcodegen.cache.layout import KEY_RE
 from fxcodegen.cache.options import (
     MAX_TIMEOUT_S,
     check_seconds,
@@ -219,7 +220,7 @@ class RemoteStore:
         def target() -> None:
             try:
                 box.append((True, fn(*args, **kwargs)))
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
+            except BaseException as e:  # handed to the caller
                 box.append((False, e))
             finally:
                 done.set()

@@ -1,4 +1,5 @@
-"""Writing files atomically, and removing what a writer that died or failed leaves behind.
+"""The cache's files: writing them atomically, marking a directory as a cache, removing what
+a writer that died or failed left, clearing a cache, and naming who holds a lock file.
 
 Every file is written to a temporary file ``.tmp-*`` in its own directory and renamed into
 place. The writer holds an exclusive ``flock`` on its temporary file from creation until
@@ -12,7 +13,7 @@ store in flight (blobs and factors are written before the artifact that referenc
 so it is an **orphan** only once it is older than :data:`ORPHAN_GRACE_S`; a store that
 reuses an existing blob refreshes its time.
 
-A directory is a cache when it holds the marker file (``format.MARKER``), written at its
+A directory is a cache when it holds the marker file (``layout.MARKER``), written at its
 first use. :func:`clear` removes only what the cache itself creates, and only from a
 marked directory that passes the checks loading does.
 """
@@ -29,7 +30,8 @@ import time
 from pathlib import Path
 
 from fxcodegen.cache import trust
-from fxcodegen.cache.format import (
+from fxcodegen.cache.format import CacheError
+from fxcodegen.cache.layout import (
     ARTIFACT_SUFFIX,
     BLOBS_DIR,
     ENTRIES_DIR,
@@ -38,7 +40,6 @@ from fxcodegen.cache.format import (
     KEY_RE,
     LOCKS_DIR,
     MARKER,
-    CacheError,
 )
 
 try:
