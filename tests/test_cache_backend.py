@@ -34,7 +34,7 @@ from fxcodegen.backend import Backend
 from fxcodegen.cache import Artifact, Cache, PieceRecord
 from fxcodegen.cache.keys import fxcodegen_build
 from fxcodegen.graph_key import graph_factors
-from fxcodegen.plan import plan_piece
+from fxcodegen.pipeline import plan_pieces
 from fxcodegen.toy import ATTENTION_OP, attention, make_decoder
 
 TESTS = Path(__file__).resolve().parent
@@ -581,27 +581,16 @@ def _with_examples(gm: torch.fx.GraphModule, *args: torch.Tensor) -> torch.fx.Gr
     return gm
 
 
-def cache_factors(be: Backend, split_gm: torch.fx.GraphModule, pieces: list[Any]) -> Any:
+def cache_factors(be: Backend, split_gm: torch.fx.GraphModule, items: list[Any]) -> Any:
     """The graph's cache factors, from its pieces planned with ``be``'s settings."""
-    plans = {
-        it.submod_name: plan_piece(
-            it.graph,
-            name=it.submod_name,
-            compiler=be.compiler,
-            compile_ranges=be.compile_ranges,
-            compile_sizes=be.compile_sizes,
-            inductor_config=be.inductor_config,
-        )
-        for it in pieces
-    }
-    return graph_factors(be.settings, split_gm, plans)
+    return graph_factors(be.settings, split_gm, plan_pieces(be.settings, items, None))
 
 
 def _factors(module: torch.nn.Module, **backend_kwargs: Any) -> tuple[dict[str, Any], bool]:
     gm = _with_examples(torch.fx.symbolic_trace(module), torch.randn(3, 4))
     be = Backend(splitting_ops=[ATTENTION_OP], cache_dir=False, **backend_kwargs)
     split_gm, items = fxcodegen.split_graph(gm, be.splitting_ops)
-    return cache_factors(be, split_gm, [it for it in items if not it.is_splitting_graph])
+    return cache_factors(be, split_gm, items)
 
 
 def test_key_covers_baked_constants_and_nothing_host_specific(tmp_path: Path) -> None:
@@ -669,5 +658,5 @@ def test_graph_with_a_closure_is_not_cached(tmp_path: Path) -> None:
     gm = _with_examples(torch.fx.GraphModule(torch.nn.Module(), graph), torch.randn(3, 4))
     be = Backend(splitting_ops=[ATTENTION_OP], cache_dir=tmp_path)
     split_gm, items = fxcodegen.split_graph(gm, be.splitting_ops)
-    _, stable = cache_factors(be, split_gm, [it for it in items if not it.is_splitting_graph])
+    _, stable = cache_factors(be, split_gm, items)
     assert not stable  # keyed by identity: valid in this process only, so never stored

@@ -13,8 +13,8 @@
 6. **stitch**: generate the stitching function (:mod:`fxcodegen.codegen`), or bind the stored
    one; store the artifact on a miss.
 
-Counts and timings go into the graph's :class:`~fxcodegen.report.GraphRecord`, which is
-returned; the counts are also added to the process-wide :data:`fxcodegen.counters`.
+Counts and timings go into the returned :class:`~fxcodegen.report.GraphRecord`; the counts
+are also added to the process-wide :data:`fxcodegen.counters`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 from fxcodegen import codegen, torch_trace
 from fxcodegen.cache import Artifact, PieceRecord, compute_key
 from fxcodegen.entries import Entry
-from fxcodegen.graph_inputs import dispatch_symbol, has_symbols, unspecialized_floats
+from fxcodegen.graph_inputs import RangeDim, dispatch_symbol, has_symbols, unspecialized_floats
 from fxcodegen.graph_key import graph_factors
 from fxcodegen.obtain import Ahead, CompiledPool, Obtained, counters, obtain_piece, tally
 from fxcodegen.obtain import work_items as coop_work
@@ -39,9 +39,9 @@ from fxcodegen.piecewise import PiecewiseBackend
 from fxcodegen.plan import PiecePlan, plan_piece
 from fxcodegen.report import GraphRecord, Progress, trace_seconds
 from fxcodegen.settings import Settings
-from fxcodegen.split import split_graph
+from fxcodegen.split import SplitItem, split_graph
 
-__all__ = ["GraphResult", "compile_graph"]
+__all__ = ["GraphResult", "compile_graph", "plan_pieces"]
 
 log = logging.getLogger("fxcodegen")
 
@@ -131,19 +131,7 @@ def _steps(
     )
 
     # 2. plan
-    plans = {
-        it.submod_name: plan_piece(
-            it.graph,
-            name=it.submod_name,
-            compiler=s.compiler,
-            compile_ranges=s.compile_ranges,
-            compile_sizes=s.compile_sizes,
-            inductor_config=s.inductor_config,
-            dispatch_symbol=record.dispatch_symbol,
-        )
-        for it in items
-        if not it.is_splitting_graph
-    }
+    plans = plan_pieces(s, items, record.dispatch_symbol)
 
     # 3. key; 4-6. obtain, pieces, stitch
     run = _Run(s, record, split_gm, plans, pool, progress)
@@ -151,20 +139,35 @@ def _steps(
     return run.through_cache(*keyed) if keyed is not None else run.compile_and_stitch()
 
 
+def plan_pieces(
+    s: Settings, items: list[SplitItem], dispatch: RangeDim | None
+) -> dict[str, PiecePlan]:
+    """The plan of every compiled (non-splitting) piece, by name."""
+    return {
+        it.submod_name: plan_piece(
+            it.graph,
+            name=it.submod_name,
+            compiler=s.compiler,
+            compile_ranges=s.compile_ranges,
+            compile_sizes=s.compile_sizes,
+            inductor_config=s.inductor_config,
+            dispatch_symbol=dispatch,
+        )
+        for it in items
+        if not it.is_splitting_graph
+    }
+
+
+@dataclass
 class _Run:
     """Steps 3 to 6 of one graph (see the module docstring)."""
 
-    def __init__(
-        self,
-        s: Settings,
-        record: GraphRecord,
-        split_gm: torch.fx.GraphModule,
-        plans: dict[str, PiecePlan],
-        pool: CompiledPool,
-        progress: bool,
-    ) -> None:
-        self.s, self.record, self.split_gm, self.plans = s, record, split_gm, plans
-        self.pool, self.progress = pool, progress
+    s: Settings
+    record: GraphRecord
+    split_gm: torch.fx.GraphModule
+    plans: dict[str, PiecePlan]
+    pool: CompiledPool
+    progress: bool
 
     # 3. key ----------------------------------------------------------------------------
     def key(self) -> tuple[str, dict[str, Any]] | None:
