@@ -28,6 +28,7 @@ from typing import Any
 import sympy
 import torch
 
+from fxcodegen.cache import PieceRecord
 from fxcodegen.compile_entry import Compiled
 from fxcodegen.entries import Bounds, Entry
 from fxcodegen.graph_inputs import RangeDim
@@ -211,6 +212,21 @@ class PiecewiseBackend(torch.nn.Module):
         if not self.exportable:
             raise ValueError(f"compiler {self.compiler!r} produces no artifacts to export")
         return {self.entry_keys[e]: self._compiled[e].to_bytes() for e in self.entries}
+
+    def piece_record(self) -> PieceRecord:
+        """What the cache stores for this piece: its entries' artifacts and what a load
+        without a trace needs to dispatch (:class:`fxcodegen.stored_graph.StoredPiece`).
+        Raises as :meth:`export_artifacts` does."""
+        exported = self.export_artifacts()
+        return PieceRecord(
+            name=self.piece_name,
+            entries={e.label: exported[self.entry_keys[e]] for e in self.entries},
+            sym_shape_indices=tuple(self.sym_shape_indices),
+            returns_tuple=self.returns_tuple,
+            compile_ranges=tuple((e.start, e.end) for e in self.entries if e.kind == "range"),
+            compile_sizes=tuple(e.start for e in self.entries if e.kind == "size"),
+            extra={"struct_key": self.struct_key, "dispatch_dim": self.dispatch_dim},
+        )
 
     def extra_repr(self) -> str:
         entries = ", ".join(map(str, self.entries))

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from fxcodegen import codegen, torch_trace
-from fxcodegen.cache import Artifact, PieceRecord, compute_key
+from fxcodegen.cache import Artifact, compute_key
 from fxcodegen.entries import Entry
 from fxcodegen.graph_inputs import RangeDim, dispatch_symbol, has_symbols, unspecialized_floats
 from fxcodegen.graph_key import graph_factors
@@ -391,7 +391,7 @@ class _Run:
             },
         )
         try:
-            art.pieces = [_piece_record(p) for p in record.pieces.values()]
+            art.pieces = [p.piece_record() for p in record.pieces.values()]
         except Exception as e:  # an unexportable piece: use, don't store
             log.warning(
                 "fxcodegen cache: graph %d (%s) is not stored: a piece could not be "
@@ -443,18 +443,3 @@ class _Run:
                 return art
         except filelock.Timeout:
             return compile_all()
-
-
-def _piece_record(piece: PiecewiseBackend) -> PieceRecord:
-    """What the cache stores for one compiled piece (raises if it cannot be exported)."""
-    exported = piece.export_artifacts()
-    return PieceRecord(
-        name=piece.piece_name,
-        entries={e.label: exported[piece.entry_keys[e]] for e in piece.entries},
-        sym_shape_indices=tuple(piece.sym_shape_indices),
-        returns_tuple=piece.returns_tuple,
-        compile_ranges=tuple((e.start, e.end) for e in piece.entries if e.kind == "range"),
-        compile_sizes=tuple(e.start for e in piece.entries if e.kind == "size"),
-        # Where a call's size is read, so a load without a trace can dispatch.
-        extra={"struct_key": piece.struct_key, "dispatch_dim": piece.dispatch_dim},
-    )
